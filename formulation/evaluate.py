@@ -1,0 +1,201 @@
+"""The single evaluator: iteration time, throughput and memory of any complete placement.
+
+Every placement, from any method, is scored here; the exact program is an encoding of the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import cost
+from .memory import StageMemory, memory_coefficients, stage_memory
+from .placement import Placement, check_placement
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    stage: int
+    layers: int
+    gpu_type: str
+    forward_s: float  # one micro-batch, incl. exposed tp/cp/ZeRO-3 communication
+    backward_s: float
+    compute_s: float  # per micro-batch, compute only (forward + backward + recompute)
+    tp_comm_s: float
+    cp_comm_s: float
+    zero3_comm_s: float
+    dp_sync_s: float  # gradient synchronisation of this stage after its last backward
+    dp_exposed_s: float
+    memory: StageMemory
+
+    @property
+    def time_per_micro_batch_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+@dataclass(frozen=True)
+class Estimate:
+    iteration_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    mfu: float
+    breakdown: dict  # critical path: compute_s, bubble_s, tp_comm_s, cp_comm_s, pp_comm_s, dp_comm_s, ...
+    stages: tuple[StageEstimate, ...]
+    peak_memory_gib: float
+    fits: bool
+    num_micro_batches: int
+    critical_stage: int
+
+    @property
+    def memory_shortfall_gib(self) -> float:
+        """Largest excess of a stage over its limit (<= 0 when the plan fits)."""
+        return max(s.memory.total_gib - s.memory.limit_gib for s in self.stages)
+
+    def to_dict(self) -> dict:
+        stages = []
+        for s in self.stages:
+            d = asdict(s)
+            mem = d.pop("memory")
+            mem.pop("stage")
+            mem["total_gib"] = s.memory.total_gib
+            mem["fits"] = s.memory.fits
+            d["time_per_micro_batch_s"] = s.time_per_micro_batch_s
+            d["memory"] = mem
+            stages.append(d)
+        return {"iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
+                "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu, "breakdown": dict(self.breakdown),
+                "num_micro_batches": self.num_micro_batches, "critical_stage": self.critical_stage,
+                "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages}
+
+
+def _slowest_type(cluster, gpus: np.ndarray, model, job, p):
+    types = {cluster.nodes[n].gpu_type for n in np.unique(cluster.gpu_node[gpus])}
+    return max((cluster.gpu_types[t] for t in sorted(types)),
+               key=lambda g: cost.layer_compute(model, job, p, g).forward)
+
+
+def _stage_memory(instance, p, stage, layers, gpus) -> StageMemory:
+    cluster = instance.cluster
+    types = sorted({cluster.nodes[n].gpu_type for n in np.unique(cluster.gpu_node[gpus])})
+    options = [stage_memory(instance, p, stage, layers, cluster.gpu_types[t]) for t in types]
+    return max(options, key=lambda m: m.total_gib - m.limit_gib)
+
+
+def _max_group(groups: np.ndarray, fn) -> float:
+    return max((fn(g) for g in groups), default=0.0)
+
+
+def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
+    """Score a complete placement with the cost model (C1)-(C11) and memory model (M1)-(M7)."""
+    if check:
+        check_placement(instance, placement, "<placement>")
+    model, job, cluster, p = instance.model, instance.training, instance.cluster, placement
+    m = p.num_micro_batches(job.global_batch_size)
+    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
+    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    layer_params = model.layer_matmul_params / p.tp + model.layer_norm_params
+    stages = []
+    for i, layers in enumerate(p.layers_per_stage):
+        gpus = p.stage_gpus(i)
+        gpu_type = _slowest_type(cluster, gpus, model, job, p)
+        lt = cost.layer_compute(model, job, p, gpu_type)
+        f_compute = lt.forward
+        b_compute = 2 * lt.forward + cost.recompute_passes(p.recompute) * lt.forward
+        if p.recompute == "selective":
+            b_compute += lt.attention_fwd
+        # (C5) tensor parallel: slowest tp group of the stage; full recompute repeats the forward's comm
+        tp = _max_group(p.tp_groups(i), lambda g: cost.tp_layer_comm(
+            model, job, p, cost.group_links(cluster, g), cluster)) if p.tp > 1 else 0.0
+        tp_f, tp_b = tp, tp * (1 + cost.recompute_passes(p.recompute))
+        # (C7) context parallel ring, overlapped with the attention core
+        cp_f = cp_b = 0.0
+        if p.cp > 1:
+            def ring(g):
+                links = cost.group_links(cluster, g)
+                return cost.cp_layer_comm(model, job, p, min(links.intra_gb_per_s, links.inter_gb_per_s),
+                                          links.nodes == 1, cluster)
+            cp_comm = _max_group(p.cp_groups(i), ring)
+            cp_f = max(0.0, cp_comm - lt.attention_fwd)
+            cp_b = 2 * cp_f * (1 + cost.recompute_passes(p.recompute) / 2)
+        # (C11) ZeRO-3: per layer, gather parameters before forward and backward, reduce-scatter gradients
+        z3_f = z3_b = 0.0
+        dp_links = [cost.group_links(cluster, g) for g in p.dp_cp_groups(i)] if p.dp * p.cp > 1 else []
+        if p.zero_stage >= 3 and dp_links:
+            ag = max(cost.collective_time("all_gather", layer_params * w_bytes, links, cluster) for links in dp_links)
+            rs = max(cost.collective_time("reduce_scatter", layer_params * g_bytes, links, cluster)
+                     for links in dp_links)
+            z3_f = max(0.0, ag - (f_compute + tp_f + cp_f))
+            z3_b = max(0.0, ag + rs - (b_compute + tp_b + cp_b))
+            if p.recompute == "full":
+                z3_b += max(0.0, ag - (f_compute + tp_f + cp_f))
+        fwd = layers * (f_compute + tp_f + cp_f + z3_f)
+        bwd = layers * (b_compute + tp_b + cp_b + z3_b)
+        compute = layers * (f_compute + b_compute)
+        if i == p.pp - 1:  # output layer and loss: forward + 2x backward, never recomputed
+            out = cost.output_layer_forward(model, job, p, gpu_type)
+            fwd += out
+            bwd += 2 * out
+            compute += 3 * out
+        # (C10) data-parallel gradient synchronisation after the stage's last backward
+        c = memory_coefficients(instance, p, i)
+        stage_params = (c.weights[0] + c.weights[1] * layers) / w_bytes * (p.dp * p.cp if p.zero_stage >= 3 else 1)
+        dp_sync = dp_exposed = 0.0
+        if dp_links and p.zero_stage < 3:
+            grads = stage_params * g_bytes
+            if p.zero_stage == 0:
+                parts = [(max(cost.collective_time("all_reduce", grads, lk, cluster) for lk in dp_links),
+                          job.overlap_grad_reduce, bwd)]
+            else:
+                parts = [(max(cost.collective_time("reduce_scatter", grads, lk, cluster) for lk in dp_links),
+                          job.overlap_grad_reduce, bwd),
+                         (max(cost.collective_time("all_gather", stage_params * w_bytes, lk, cluster)
+                              for lk in dp_links), job.overlap_param_gather, fwd)]
+            for time, overlapped, window in parts:
+                dp_sync += time
+                dp_exposed += max(0.0, time - window) if overlapped else time
+        stages.append(StageEstimate(
+            stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
+            tp_comm_s=layers * (tp_f + tp_b), cp_comm_s=layers * (cp_f + cp_b), zero3_comm_s=layers * (z3_f + z3_b),
+            dp_sync_s=dp_sync, dp_exposed_s=dp_exposed,
+            memory=_stage_memory(instance, p, i, layers, gpus)))
+    # (C8) schedule, (C9) p2p chain
+    times = [s.time_per_micro_batch_s for s in stages]
+    pipe, k = cost.pipeline_time(times, m, p.vpp)
+    message = cost.activation_message_bytes(model, job, p) / sp
+
+    def boundary(a: int, b: int) -> float:
+        src, dst = p.stage_gpus(a), p.stage_gpus(b)
+        return max(cost.p2p_time(message, cluster.bandwidth(int(x), int(y)),
+                                 cluster.gpu_node[x] == cluster.gpu_node[y], cluster) for x, y in zip(src, dst))
+
+    chain = cost.p2p_chain([boundary(j, j + 1) for j in range(p.pp - 1)],
+                           boundary(p.pp - 1, 0) if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
+    dp_exposed = max(s.dp_exposed_s for s in stages)
+    optimizer = 0.0
+    for i, s in enumerate(stages):
+        c = memory_coefficients(instance, p, i)
+        local = (c.optimizer[0] + c.optimizer[1] * s.layers) / job.bytes_per_param_state[2]
+        optimizer = max(optimizer, cost.optimizer_step_time(local, cluster.gpu_types[s.gpu_type]))
+    overhead = max(cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
+    total = pipe + chain + dp_exposed + optimizer + overhead
+    crit = stages[k]
+    breakdown = {
+        "compute_s": m * crit.compute_s,
+        "bubble_s": pipe - m * times[k],
+        "tp_comm_s": m * crit.tp_comm_s,
+        "cp_comm_s": m * crit.cp_comm_s,
+        "pp_comm_s": chain,
+        "dp_comm_s": dp_exposed + m * crit.zero3_comm_s,
+        "optimizer_s": optimizer,
+        "overhead_s": overhead,
+    }
+    used = np.asarray(p.gpus)
+    peaks = np.array([cluster.gpu_types[cluster.nodes[n].gpu_type].peak_tflops for n in cluster.gpu_node[used]])
+    model_flops = model.megatron_model_flops(job.global_batch_size, job.seq_length)
+    tflops_per_gpu = model_flops / total / p.world_size / 1e12
+    return Estimate(
+        iteration_time_s=total, tokens_per_s=job.global_batch_size * job.seq_length / total,
+        model_tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu / float(peaks.mean()), breakdown=breakdown,
+        stages=tuple(stages), peak_memory_gib=max(s.memory.total_gib for s in stages),
+        fits=all(s.memory.fits for s in stages), num_micro_batches=m, critical_stage=k)

@@ -1,0 +1,192 @@
+"""A placement: parallel sizes, micro-batch, recompute, sharding, layer partition, and the GPU of every rank.
+
+Ranks follow Megatron-LM's default order `tp-cp-dp-pp` (tp varies fastest):
+    rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i)).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .errors import InputError, Section
+from .job import RECOMPUTE_CHOICES, ZERO_STAGES
+
+
+@dataclass(frozen=True)
+class Placement:
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    vpp: int
+    micro_batch_size: int
+    recompute: str
+    zero_stage: int
+    layers_per_stage: tuple[int, ...]
+    gpus: tuple[int, ...]  # global GPU index of every rank, in tp-cp-dp-pp order
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    def num_micro_batches(self, global_batch_size: int) -> int:
+        return global_batch_size // (self.micro_batch_size * self.dp)
+
+    @cached_property
+    def grid(self) -> np.ndarray:
+        """GPU indices as an array [pp, dp, cp, tp] (the reverse of the rank order)."""
+        return np.asarray(self.gpus).reshape(self.pp, self.dp, self.cp, self.tp)
+
+    def tp_groups(self, stage: int) -> np.ndarray:
+        return self.grid[stage].reshape(-1, self.tp)
+
+    def cp_groups(self, stage: int) -> np.ndarray:
+        return self.grid[stage].transpose(0, 2, 1).reshape(-1, self.cp)
+
+    def dp_cp_groups(self, stage: int) -> np.ndarray:
+        """Megatron's data-parallel group with context parallelism: same tp and pp coordinate."""
+        return self.grid[stage].transpose(2, 0, 1).reshape(self.tp, -1)
+
+    def stage_gpus(self, stage: int) -> np.ndarray:
+        return self.grid[stage].reshape(-1)
+
+    def config_key(self) -> tuple:
+        return (self.tp, self.pp, self.cp, self.dp, self.vpp, self.micro_batch_size, self.recompute, self.zero_stage)
+
+    def to_dict(self, cluster=None) -> dict:
+        out = asdict(self)
+        out["layers_per_stage"] = list(self.layers_per_stage)
+        out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
+        return out
+
+
+def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage as even as possible; leftover layers go to the middle stages, because the first and
+    last stages also carry the embedding and the output layer."""
+    base, extra = divmod(num_layers, pp)
+    counts = [base] * pp
+    order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2)))
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def default_placement(instance, tp: int, pp: int, cp: int = 1, dp: int | None = None, vpp: int = 1,
+                      micro_batch_size: int = 1, recompute: str = "none", zero_stage: int = 1) -> Placement:
+    """Megatron-style default: even layer split, ranks filled node by node in the listed order."""
+    cluster = instance.cluster
+    if dp is None:
+        dp = cluster.num_gpus // (tp * pp * cp)
+    world = tp * pp * cp * dp
+    placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=micro_batch_size,
+                          recompute=recompute, zero_stage=zero_stage,
+                          layers_per_stage=even_split(instance.model.num_layers, pp), gpus=tuple(range(world)))
+    check_placement(instance, placement, "<default placement>")
+    return placement
+
+
+def check_placement(instance, p: Placement, file: str) -> None:
+    """Raise `InputError` naming the field when a placement cannot run this model on this cluster."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
+
+    def bad(field: str, problem: str):
+        raise InputError(file, field, problem)
+
+    world = p.world_size
+    sizes = f"tp={p.tp} x pp={p.pp} x cp={p.cp} x dp={p.dp} = {world}"
+    if world > cluster.num_gpus:
+        bad("dp", f"{sizes} GPUs, but the cluster has {cluster.num_gpus}")
+    if len(p.gpus) != world:
+        bad("gpus", f"expected {world} GPUs ({sizes}), got {len(p.gpus)}")
+    if len(set(p.gpus)) != len(p.gpus):
+        dup = next(g for g in p.gpus if p.gpus.count(g) > 1)
+        bad("gpus", f"GPU {cluster.gpu_name(dup)} is used by two ranks")
+    if any(g < 0 or g >= cluster.num_gpus for g in p.gpus):
+        bad("gpus", "GPU index outside the cluster")
+    if model.num_attention_heads % p.tp or model.num_kv_heads % p.tp:
+        bad("tp", f"tp={p.tp} must divide num_attention_heads={model.num_attention_heads} and "
+                  f"num_key_value_heads={model.num_kv_heads}")
+    if p.recompute not in RECOMPUTE_CHOICES:
+        bad("recompute", f"expected one of {', '.join(RECOMPUTE_CHOICES)}; got {p.recompute!r}")
+    if p.zero_stage not in ZERO_STAGES:
+        bad("zero_stage", f"expected one of {ZERO_STAGES}; got {p.zero_stage!r}")
+    if job.seq_length % p.cp:
+        bad("cp", f"cp={p.cp} must divide seq_length={job.seq_length}")
+    if job.global_batch_size % (p.micro_batch_size * p.dp):
+        bad("micro_batch_size", f"global_batch_size={job.global_batch_size} is not divisible by "
+                                f"micro_batch_size={p.micro_batch_size} x dp={p.dp}")
+    if len(p.layers_per_stage) != p.pp:
+        bad("layers_per_stage", f"expected {p.pp} entries (one per pipeline stage), got {len(p.layers_per_stage)}")
+    if any(n < 1 for n in p.layers_per_stage):
+        bad("layers_per_stage", "every stage needs at least one layer")
+    if sum(p.layers_per_stage) != model.num_layers:
+        bad("layers_per_stage", f"sums to {sum(p.layers_per_stage)}, the model has {model.num_layers} layers")
+    if p.vpp > 1:
+        if p.pp < 2:
+            bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
+        if any(n % p.vpp for n in p.layers_per_stage):
+            bad("vpp", f"every stage's layer count must be divisible by vpp={p.vpp}")
+        if p.num_micro_batches(job.global_batch_size) % p.pp:
+            bad("vpp", f"interleaving needs the number of micro-batches "
+                       f"({p.num_micro_batches(job.global_batch_size)}) divisible by pp={p.pp}")
+
+
+def placement_from_dict(data: dict, instance, file: str) -> Placement:
+    sec = Section(data, file, "")
+    tp, pp = sec.integer("tp"), sec.integer("pp")
+    cp, vpp = sec.integer("cp", default=1), sec.integer("vpp", default=1)
+    dp = sec.integer("dp", default=None) or instance.cluster.num_gpus // (tp * pp * cp)
+    if dp < 1:
+        raise sec.error("dp", "tp x pp x cp exceeds the cluster")
+    mbs = sec.integer("micro_batch_size", default=1)
+    recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
+    zero = sec.raw("zero_stage", None)
+    dist_opt = sec.raw("distributed_optimizer", None)
+    if zero is None:
+        if dist_opt is not None and not isinstance(dist_opt, bool):
+            raise sec.error("distributed_optimizer", "expected true or false")
+        zero = 1 if dist_opt else 0
+    elif dist_opt is not None and bool(dist_opt) != (zero >= 1):
+        raise sec.error("distributed_optimizer", f"contradicts zero_stage={zero}")
+    if zero not in ZERO_STAGES or isinstance(zero, bool):
+        raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got {zero!r}")
+    layers = sec.raw("layers_per_stage", None)
+    if layers is None:
+        layers = even_split(instance.model.num_layers, pp)
+    elif not isinstance(layers, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in layers):
+        raise sec.error("layers_per_stage", "expected a list of integers")
+    gpus_raw = sec.raw("gpus", None)
+    world = tp * pp * cp * dp
+    if gpus_raw is None:
+        gpus = tuple(range(world))
+    else:
+        if not isinstance(gpus_raw, list):
+            raise sec.error("gpus", "expected a list of \"node:local_index\" strings")
+        gpus = []
+        for i, name in enumerate(gpus_raw):
+            try:
+                gpus.append(instance.cluster.gpu_index(str(name)))
+            except KeyError:
+                raise sec.error(f"gpus[{i}]", f"unknown GPU {name!r}; expected \"node:local_index\"") from None
+        gpus = tuple(gpus)
+    sec.done()
+    placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
+                          zero_stage=zero, layers_per_stage=tuple(layers), gpus=gpus)
+    check_placement(instance, placement, file)
+    return placement
+
+
+def load_placement(path, instance) -> Placement:
+    from .instance import read_document
+    data = read_document(path)
+    if "placement" in data and isinstance(data["placement"], dict):  # a plan file: take its placement
+        data = data["placement"]
+    return placement_from_dict(data, instance, str(path))
+
+
+def placement_json(p: Placement, cluster) -> str:
+    return json.dumps(p.to_dict(cluster), indent=2)

@@ -1,0 +1,83 @@
+"""The discrete configuration space: parallel sizes, micro-batch, interleaving, recompute and sharding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from .memory import stage_memory
+from .placement import Placement, even_split
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    vpp: int
+    micro_batch_size: int
+    recompute: str
+    zero_stage: int
+
+    def describe(self) -> str:
+        return (f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp} vpp={self.vpp} mbs={self.micro_batch_size} "
+                f"recompute={self.recompute} zero={self.zero_stage}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
+    """Every configuration Megatron-LM can run on `world_size` GPUs (default: the whole cluster).
+
+    tp within one node (and at most `max_tensor_parallel_size`), dividing the query and kv heads;
+    pp at most the layer count; cp from the allowed sizes, dividing the sequence; dp fills the world;
+    micro-batch sizes dividing the per-replica batch; vpp > 1 only with pp > 1, m divisible by pp and
+    an even split into vpp chunks; recompute and zero_stage from the allowed choices.
+    """
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    world = world_size or cluster.num_gpus
+    gpus_per_node = min(n.num_gpus for n in cluster.nodes)
+    max_tp = min(gpus_per_node, job.max_tensor_parallel_size or gpus_per_node)
+    for tp in _divisors(world):
+        if tp > max_tp or model.num_attention_heads % tp or model.num_kv_heads % tp:
+            continue
+        for cp in job.context_parallel_sizes:
+            if (world // tp) % cp or job.seq_length % cp:
+                continue
+            for pp in _divisors(world // (tp * cp)):
+                if pp > model.num_layers:
+                    continue
+                dp = world // (tp * cp * pp)
+                if job.global_batch_size % dp:
+                    continue
+                for mbs in range(1, job.max_micro_batch_size + 1):
+                    if job.global_batch_size % (mbs * dp):
+                        continue
+                    m = job.global_batch_size // (mbs * dp)
+                    for vpp in job.virtual_pipeline_sizes:
+                        if vpp > 1 and (pp == 1 or m % pp or any(n % vpp for n in even_split(model.num_layers, pp))):
+                            continue
+                        for recompute in job.recompute:
+                            for zero in job.zero_stage:
+                                yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero)
+
+
+def placement_for(config: Config, layers_per_stage, gpus) -> Placement:
+    return Placement(tp=config.tp, pp=config.pp, cp=config.cp, dp=config.dp, vpp=config.vpp,
+                     micro_batch_size=config.micro_batch_size, recompute=config.recompute,
+                     zero_stage=config.zero_stage, layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
+
+
+def memory_feasible(instance, placement: Placement) -> tuple[bool, float, int]:
+    """Cheap memory check on the smallest GPU type of the cluster: (fits, worst excess GiB, worst stage)."""
+    types = sorted(instance.cluster.gpu_types.values(), key=lambda g: g.memory_gib)
+    gpu_type = types[0]
+    worst, worst_stage = -float("inf"), 0
+    for i, layers in enumerate(placement.layers_per_stage):
+        mem = stage_memory(instance, placement, i, layers, gpu_type)
+        if mem.total_gib - mem.limit_gib > worst:
+            worst, worst_stage = mem.total_gib - mem.limit_gib, i
+    return worst <= 0, worst, worst_stage

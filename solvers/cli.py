@@ -1,0 +1,120 @@
+"""The `solve` command.
+
+    solve --instance instances/h100_128.json [--output plan.json] [--top K]
+    solve --instance X --evaluate placement.json [--json]
+    solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
+    solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
+
+Exit codes: 0 a plan (or estimate) was produced; 1 no feasible plan (the reason names the smallest
+shortfall); 2 bad input (one line naming file, field and expectation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="solve", description="Plan LLM training on a GPU cluster: parallel sizes, layer partition and "
+                                  "GPU-to-rank map that make an iteration fastest without running out of memory.",
+        epilog="Subcommands: 'solve validate --help', 'solve calibrate --help'. Exit codes: 0 plan found, "
+               "1 no feasible plan, 2 bad input.")
+    parser.add_argument("--instance", required=True, help="instance file (JSON or YAML): model, training, cluster")
+    parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    parser.add_argument("--output", metavar="PLAN.json", help="write the plan (placement, estimate, solver report)")
+    parser.add_argument("--solver", default="auto", choices=["auto", "baseline"],
+                        help="search method (default auto; exact CBC/CP-SAT backends are being added)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="wall-clock limit in seconds")
+    parser.add_argument("--threads", type=int, default=1, help="solver threads")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
+    parser.add_argument("--top", type=int, default=1, metavar="K", help="also report the K best configurations")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    return parser
+
+
+def _fail(code: int, message: str) -> int:
+    print(message.replace("\n", " "), file=sys.stderr)
+    return code
+
+
+def run(argv: list[str]) -> int:
+    from rich.console import Console
+
+    from formulation import InfeasibleError, InputError, evaluate, load_instance
+    from formulation.placement import load_placement
+
+    from . import solve, write_json_atomic
+    from .report import estimate_tables, gpu_grid_table, print_tables
+
+    if argv and argv[0] in ("validate", "calibrate"):
+        from . import validate
+        return validate.main(argv[0], argv[1:])
+    args = _parser().parse_args(argv)
+    if args.top < 1:
+        return _fail(EXIT_BAD_INPUT, f"--top: expected a positive integer, got {args.top}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
+    try:
+        instance = load_instance(args.instance)
+        console = Console(stderr=args.json)
+        if args.evaluate:
+            placement = load_placement(args.evaluate, instance)
+            estimate = evaluate(instance, placement)
+            if args.json:
+                print(json.dumps({"placement": placement.to_dict(instance.cluster), "estimate": estimate.to_dict()},
+                                 indent=2))
+            else:
+                print_tables(estimate_tables(instance, placement, estimate) + [gpu_grid_table(instance, placement)],
+                             console)
+            return EXIT_OK
+        result = solve(instance, solver="baseline" if args.solver == "auto" else args.solver,
+                       time_limit=args.time_limit, threads=args.threads, seed=args.seed, top=args.top)
+    except InputError as exc:
+        return _fail(EXIT_BAD_INPUT, f"error: {exc}")
+    except InfeasibleError as exc:
+        return _fail(EXIT_INFEASIBLE, f"infeasible: {exc}")
+    plan = result.to_dict(instance.cluster)
+    if args.output:
+        write_json_atomic(args.output, plan)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return EXIT_OK
+    print_tables(estimate_tables(instance, result.placement, result.estimate)
+                 + [gpu_grid_table(instance, result.placement)], console)
+    s = result.solver
+    console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
+                  f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
+                  f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
+                  f"seed {s.seed}; {result.examined} configurations examined, {result.fitting} fit")
+    for rank, (p, e) in enumerate(result.alternatives, start=2):
+        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
+                      f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
+    if args.output:
+        console.print(f"plan written to {args.output}")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = run(argv)
+    except KeyboardInterrupt:
+        code = _fail(130, "interrupted")
+    except BrokenPipeError:
+        code = EXIT_OK
+    except Exception as exc:  # a bug, not bad input: one line unless debugging
+        if os.environ.get("SOLVE_DEBUG"):
+            raise
+        code = _fail(3, f"internal error: {type(exc).__name__}: {exc} (set SOLVE_DEBUG=1 for a traceback)")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
