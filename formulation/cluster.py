@@ -19,7 +19,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from .errors import InputError, Section
+from .errors import InputError, Section, is_finite
 
 CATALOG_PATH = Path(__file__).resolve().parent / "data" / "gpu_types.json"
 CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -57,23 +57,25 @@ def _load_json(path: Path) -> dict:
         return {k: v for k, v in json.load(handle).items() if not k.startswith("_")}
 
 
-def gpu_catalog() -> dict[str, dict]:
-    """Catalog facts merged with calibrated parameters (the `default` calibration fills unknown types)."""
+def gpu_catalog(software_stack: str = "megatron") -> dict[str, dict]:
+    """Catalog facts merged with calibrated parameters: `default`, then the type's Megatron-LM fit, then a
+    stack-specific fit (`name+fsdp`) where one exists."""
     catalog = _load_json(CATALOG_PATH)
     calibration = _load_json(CALIBRATION_PATH)
     default = {k: v for k, v in calibration.get("default", {}).items() if k in _GPU_FIELDS}
     merged = {}
     for name, facts in catalog.items():
         fitted = {k: v for k, v in calibration.get(name, {}).items() if k in _GPU_FIELDS}
-        merged[name] = {**default, **facts, **fitted}
+        stack = {k: v for k, v in calibration.get(f"{name}+{software_stack}", {}).items() if k in _GPU_FIELDS}
+        merged[name] = {**default, **facts, **fitted, **stack}
     merged["__default__"] = default
     return merged
 
 
-def gpu_type_from_dict(name: str, data: dict, file: str, path: str) -> GpuType:
+def gpu_type_from_dict(name: str, data: dict, file: str, path: str, software_stack: str = "megatron") -> GpuType:
     """A GPU type: `{"preset": catalog-name}` and/or explicit fields; catalog and calibration fill the rest."""
     sec = Section(data, file, path)
-    catalog = gpu_catalog()
+    catalog = gpu_catalog(software_stack)
     preset = sec.string("preset", default=name if name in catalog else None)
     if preset is not None and preset not in catalog:
         raise sec.error("preset", f"unknown GPU preset {preset!r}; expected one of "
@@ -234,7 +236,7 @@ class Cluster:
         return [sorted(c) for c in sorted(nx.connected_components(graph), key=min)]
 
 
-def load_cluster_section(data: dict, file: str) -> Cluster:
+def load_cluster_section(data: dict, file: str, software_stack: str = "megatron") -> Cluster:
     """The instance's `cluster` section (strict; see README, instance format)."""
     sec = Section(data, file, "cluster")
     types_sec = sec.section("gpu_types")
@@ -242,7 +244,8 @@ def load_cluster_section(data: dict, file: str) -> Cluster:
         raise sec.error("gpu_types", "expected at least one GPU type")
     gpu_types = {}
     for name in list(types_sec.data):
-        gpu_types[name] = gpu_type_from_dict(name, types_sec.raw(name), file, f"cluster.gpu_types.{name}")
+        gpu_types[name] = gpu_type_from_dict(name, types_sec.raw(name), file, f"cluster.gpu_types.{name}",
+                                             software_stack)
     nodes = _load_nodes(sec, gpu_types)
     net = sec.section("network")
     sec.done()
@@ -289,7 +292,7 @@ def _matrix(net: Section, key: str, size: int) -> np.ndarray:
             got = len(row) if isinstance(row, list) else type(row).__name__
             raise net.error(f"{key}[{i}]", f"expected a row of {size} numbers, got {got}")
         for j, value in enumerate(row):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or \
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not is_finite(value) or \
                     (value <= 0 and i != j) or value < 0:
                 raise net.error(f"{key}[{i}][{j}]", f"expected a positive bandwidth in GB/s, got {value!r}")
             out[i, j] = value
@@ -322,7 +325,7 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict) -> Clu
     for i, item in enumerate(net.items("node_pairs", default=[], non_empty=False)):
         ps = Section(item, net.file, f"cluster.network.node_pairs[{i}]")
         pair = ps.items("nodes")
-        if len(pair) != 2 or any(p not in index for p in pair) or pair[0] == pair[1]:
+        if len(pair) != 2 or any(not isinstance(p, str) or p not in index for p in pair) or pair[0] == pair[1]:
             raise ps.error("nodes", f"expected two different known node names, got {pair!r}")
         value = ps.number("gb_per_s")
         ps.done()

@@ -72,25 +72,51 @@ class LayerTimes:
 
     matmul_fwd: float
     attention_fwd: float
+    elementwise_fwd: float = 0.0
 
     @property
     def forward(self) -> float:
-        return self.matmul_fwd + self.attention_fwd
+        return self.matmul_fwd + self.attention_fwd + self.elementwise_fwd
 
 
 def layer_compute(model, job, p, gpu_type) -> LayerTimes:
     """(C1)-(C2) Forward time of one layer for one micro-batch on one GPU of `gpu_type`.
 
     GEMMs: 2 x tokens x matmul params / tp FLOPs at the shape-dependent efficiency of (C1).
-    Attention core: 4 x tokens x seq x heads x head_dim / tp, halved by the causal mask, at the GPU's
-    attention efficiency. tokens = micro_batch_size x seq / cp per GPU.
+    Attention core: 4 x tokens x seq x heads x head_dim / tp at the GPU's attention efficiency, halved by
+    the causal mask with flash attention; without it, plus the score matrix's memory traffic
+    (heads x tokens x seq / tp elements, 2 bytes, 4 passes, 6 with dropout) at HBM bandwidth.
+    tokens = micro_batch_size x seq / cp per GPU.
     """
     tokens = p.micro_batch_size * job.seq_length / p.cp
     mm_flops = model.layer_matmul_flops(tokens) / p.tp
-    attn_flops = model.layer_attention_flops(tokens, job.seq_length) / p.tp
+    # Flash attention skips the masked half; the unfused path computes the whole s x s score matrix and
+    # streams it through memory: written by QK^T, read and written by softmax (and dropout), read by AV.
+    attn_flops = model.layer_attention_flops(tokens, job.seq_length, causal=job.flash_attention) / p.tp
     peak = gpu_type.peak_tflops * 1e12
-    return LayerTimes(matmul_fwd=gpu_type.matmul_time(mm_flops, mm_flops / 1e9),
-                      attention_fwd=attn_flops / (peak * gpu_type.attention_efficiency))
+    attention = attn_flops / (peak * gpu_type.attention_efficiency)
+    if not job.flash_attention:
+        scores = model.num_attention_heads * tokens * job.seq_length / p.tp
+        attention += scores * 2.0 * (4 + (2 if model.dropout else 0)) / (gpu_type.hbm_gb_per_s * 1e9)
+    return LayerTimes(matmul_fwd=gpu_type.matmul_time(mm_flops, mm_flops / 1e9), attention_fwd=attention,
+                      elementwise_fwd=elementwise_bytes(model, job, p) / (gpu_type.hbm_gb_per_s * 1e9))
+
+
+def elementwise_bytes(model, job, p) -> float:
+    """(C2b) Memory-bound work of one layer's forward: passes over [tokens, h] 16-bit tensors.
+
+    Two norms (read + write: 4), two residual adds (read 2, write 1: 6), rotary embedding on Q and K
+    (read + write: 2 (1 + kv/heads)), the MLP activation (SwiGLU reads 2f, writes f; GELU reads and writes
+    f), dropout (read, write, mask: 3 per dropout, 2 dropouts). With sequence parallelism (or tp = 1) each
+    GPU touches 1/tp of the norm/residual tensors; the MLP activation is always split by tp.
+    """
+    tokens = p.micro_batch_size * job.seq_length / p.cp
+    sp = p.tp if (job.sequence_parallel or p.tp == 1) else 1
+    h, f = model.hidden_size, model.ffn_hidden_size
+    rotary = 0.0 if model.learned_position_embeddings else 2.0 * (1 + model.num_kv_heads / model.num_attention_heads)
+    replicated = 4.0 + 6.0 + (6.0 if model.dropout else 0.0)
+    split = rotary + (3.0 if model.mlp == "swiglu" else 2.0) * f / h
+    return 2.0 * tokens * h * (replicated / sp + split / p.tp)
 
 
 def output_layer_forward(model, job, p, gpu_type) -> float:
@@ -147,11 +173,16 @@ def pipeline_time(stage_times: list[float], num_micro_batches: int, vpp: int) ->
 
 
 def p2p_chain(boundary_times: list[float], wrap_time: float, num_micro_batches: int, pp: int, vpp: int) -> float:
-    """(C9) Pipeline send/receive on the critical path, paid once per round of pp micro-batches (Pipette):
-    ceil(m / pp) x 2 x (vpp x sum_j c_j + (vpp - 1) x c_wrap), c_wrap the last-to-first stage link."""
+    """(C9) Pipeline send/receive on the critical path: 2 x (vpp x sum_j c_j + (vpp - 1) x c_wrap) per round,
+    c_wrap the last-to-first stage link.
+
+    1F1B keeps exactly pp - i micro-batches in flight, so the round trip of the send/receive chain is paid
+    once per round of pp micro-batches (Pipette): ceil(m / pp) rounds. The interleaved schedule warms up
+    2 (pp - i - 1) + (vpp - 1) pp chunks, more than the round trip needs; that slack hides the chain in the
+    steady state, leaving one round (warm-up and cool-down)."""
     if pp == 1:
         return 0.0
-    rounds = math.ceil(num_micro_batches / pp)
+    rounds = math.ceil(num_micro_batches / pp) if vpp == 1 else 1
     return rounds * 2 * (vpp * sum(boundary_times) + (vpp - 1) * wrap_time)
 
 

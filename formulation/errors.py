@@ -28,6 +28,14 @@ class InfeasibleError(RuntimeError):
 _MISSING = object()
 
 
+def is_finite(value: int | float) -> bool:
+    """math.isfinite that treats integers too large for a float (e.g. 1 followed by 400 digits) as infinite."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
@@ -81,7 +89,7 @@ class Section:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(key, f"expected a number, got {_type_name(value)} {value!r}")
-        if not math.isfinite(value):
+        if not is_finite(value):
             raise self.error(key, f"expected a finite number, got {value!r}")
         if positive and value <= 0:
             raise self.error(key, f"expected a positive number, got {value!r}")

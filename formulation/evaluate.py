@@ -107,7 +107,11 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         # (C5) tensor parallel: slowest tp group of the stage; full recompute repeats the forward's comm
         tp = _max_group(p.tp_groups(i), lambda g: cost.tp_layer_comm(
             model, job, p, cost.group_links(cluster, g), cluster)) if p.tp > 1 else 0.0
-        tp_f, tp_b = tp, tp * (1 + cost.recompute_passes(p.recompute))
+        if job.tp_comm_overlap:  # only what the GEMMs cannot hide stays on the critical path
+            tp_f, tp_b = max(0.0, tp - lt.matmul_fwd), max(0.0, tp - 2 * lt.matmul_fwd)
+        else:
+            tp_f, tp_b = tp, tp
+        tp_b += cost.recompute_passes(p.recompute) * tp_f
         # (C7) context parallel ring, overlapped with the attention core
         cp_f = cp_b = 0.0
         if p.cp > 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,8 @@ def read_document(path: str | Path) -> dict:
             data = json.loads(text, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:
             raise InputError(file, "<root>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-        except ValueError as exc:
-            raise InputError(file, "<root>", str(exc)) from None
+        except ValueError as exc:  # NaN / Infinity: name the field, as every other error does
+            raise InputError(file, _non_finite_path(json.loads(text)) or "<root>", str(exc)) from None
     if not isinstance(data, dict):
         raise InputError(file, "<root>", "expected an object at the top level")
     return data
@@ -61,6 +62,19 @@ def read_document(path: str | Path) -> dict:
 
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not a valid number (JSON allows finite numbers only)")
+
+
+def _non_finite_path(value, path: str = "") -> str | None:
+    """Field path of the first NaN or infinite number in parsed JSON (None if there is none)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "<root>"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        sub = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
+        found = _non_finite_path(item, sub)
+        if found:
+            return found
+    return None
 
 
 def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None = None) -> Instance:
@@ -72,7 +86,7 @@ def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None
         raise sec.error("description", "expected a string")
     model = load_model_section(sec.raw("model"), file, base_dir)
     training = load_training_section(sec.raw("training"), file)
-    cluster = load_cluster_section(sec.raw("cluster"), file)
+    cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack)
     sec.done()
     _check_consistency(model, training, cluster, file)
     return Instance(name=name, description=description, model=model, training=training, cluster=cluster,

@@ -9,6 +9,7 @@ from .errors import Section
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 3)
 PRECISIONS = ("bf16", "fp16")
+SOFTWARE_STACKS = ("megatron", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class TrainingJob:
     global_batch_size: int  # sequences per iteration
     seq_length: int
     precision: str = "bf16"
+    software_stack: str = "megatron"  # selects the calibrated efficiencies: Megatron-LM/NeMo or PyTorch FSDP
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES  # allowed choices
     zero_stage: tuple[int, ...] = (0, 1)  # allowed choices (3 = ZeRO-3/FSDP, opt in)
     max_micro_batch_size: int = 8
@@ -27,6 +29,7 @@ class TrainingJob:
     sequence_parallel: bool = True  # with tp > 1, as Megatron-LM's --sequence-parallel
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False  # Transformer Engine userbuffers: tp collectives hidden behind GEMMs
     ddp_bucket_params: int = 40_000_000  # Megatron-LM's default gradient bucket
 
     @property
@@ -71,6 +74,7 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         global_batch_size=sec.integer("global_batch_size"),
         seq_length=sec.integer("seq_length", maximum=16 * 1024 * 1024),
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
+        software_stack=sec.string("software_stack", default="megatron", choices=SOFTWARE_STACKS),
         recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, RECOMPUTE_CHOICES, str),
         zero_stage=_choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int),
         max_micro_batch_size=sec.integer("max_micro_batch_size", default=8),
@@ -82,6 +86,7 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         sequence_parallel=sec.boolean("sequence_parallel", default=True),
         overlap_grad_reduce=sec.boolean("overlap_grad_reduce", default=True),
         overlap_param_gather=sec.boolean("overlap_param_gather", default=True),
+        tp_comm_overlap=sec.boolean("tp_comm_overlap", default=False),
         ddp_bucket_params=sec.integer("ddp_bucket_params", default=40_000_000),
     )
     sec.done()

@@ -146,14 +146,15 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     zero = sec.raw("zero_stage", None)
     dist_opt = sec.raw("distributed_optimizer", None)
+    if dist_opt is not None and not isinstance(dist_opt, bool):
+        raise sec.error("distributed_optimizer", "expected true or false")
     if zero is None:
-        if dist_opt is not None and not isinstance(dist_opt, bool):
-            raise sec.error("distributed_optimizer", "expected true or false")
         zero = 1 if dist_opt else 0
-    elif dist_opt is not None and bool(dist_opt) != (zero >= 1):
-        raise sec.error("distributed_optimizer", f"contradicts zero_stage={zero}")
-    if zero not in ZERO_STAGES or isinstance(zero, bool):
+    if zero not in ZERO_STAGES or isinstance(zero, bool):  # before comparing: zero may be a string
         raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got {zero!r}")
+    zero = int(zero)  # 1.0 means 1, as for the other integer fields
+    if dist_opt is not None and dist_opt != (zero >= 1):
+        raise sec.error("distributed_optimizer", f"contradicts zero_stage={zero}")
     layers = sec.raw("layers_per_stage", None)
     if layers is None:
         layers = even_split(instance.model.num_layers, pp)
