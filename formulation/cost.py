@@ -1,4 +1,4 @@
-"""Time of computation and communication, and the pipeline schedule (README, model section (C1)-(C9)).
+"""Time of computation and communication, and the pipeline schedule (README, model section (C1)-(C14)).
 
 Conventions: times in seconds, message sizes in bytes, bandwidths in GB/s (1e9 bytes/s) per GPU and
 direction, as nccl-tests reports bus bandwidth.
@@ -39,7 +39,7 @@ def group_links(cluster, gpus) -> GroupLinks:
 
 
 def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster) -> float:
-    """(C4) Hierarchical ring collective: intra-node phase + inter-node phase, each alpha-beta.
+    """(C5) Hierarchical ring collective: intra-node phase + inter-node phase, each alpha-beta.
 
     A group of n GPUs on N nodes with at least k members per node: the intra-node phase runs over the k
     local members at the slowest intra-node pair; the inter-node phase runs the same collective among N
@@ -61,7 +61,7 @@ def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster)
 
 
 def p2p_time(message_bytes: float, gb_per_s: float, same_node: bool, cluster) -> float:
-    """(C6) Point-to-point send: alpha + bytes / bandwidth of the actual link."""
+    """(C7) Point-to-point send: alpha + bytes / bandwidth of the actual link."""
     latency = cluster.intra_latency_s if same_node else cluster.inter_latency_s
     return latency + message_bytes / (gb_per_s * 1e9)
 
@@ -103,7 +103,7 @@ def layer_compute(model, job, p, gpu_type) -> LayerTimes:
 
 
 def elementwise_bytes(model, job, p) -> float:
-    """(C2b) Memory-bound work of one layer's forward: passes over [tokens, h] 16-bit tensors.
+    """(C3) Memory-bound work of one layer's forward: passes over [tokens, h] 16-bit tensors.
 
     Two norms (read + write: 4), two residual adds (read 2, write 1: 6), rotary embedding on Q and K
     (read + write: 2 (1 + kv/heads)), the MLP activation (SwiGLU reads 2f, writes f; GELU reads and writes
@@ -127,7 +127,7 @@ def output_layer_forward(model, job, p, gpu_type) -> float:
 
 
 def recompute_passes(recompute: str) -> float:
-    """(C3) Extra forward passes of the layers during backward: full recompute re-runs the whole layer."""
+    """(C4) Extra forward passes of the layers during backward: full recompute re-runs the whole layer."""
     return 1.0 if recompute == "full" else 0.0
 
 
@@ -137,7 +137,7 @@ def activation_message_bytes(model, job, p) -> float:
 
 
 def tp_layer_comm(model, job, p, links: GroupLinks, cluster) -> float:
-    """(C5) Tensor-parallel communication of one layer, forward, per micro-batch.
+    """(C6) Tensor-parallel communication of one layer, forward, per micro-batch.
 
     Sequence parallel: 2 all-gathers + 2 reduce-scatters of the activation; without it 2 all-reduces
     (same bytes). Backward moves the same again (counted by the caller).
@@ -152,7 +152,7 @@ def tp_layer_comm(model, job, p, links: GroupLinks, cluster) -> float:
 
 
 def cp_layer_comm(model, job, p, gb_per_s: float, same_node: bool, cluster) -> float:
-    """(C7) Context-parallel ring attention, forward, one layer: cp - 1 steps each passing this rank's
+    """(C8) Context-parallel ring attention, forward, one layer: cp - 1 steps each passing this rank's
     K and V block (2 x tokens x kv_heads x head_dim / tp x 2 bytes) to the next rank of the ring."""
     if p.cp == 1:
         return 0.0
@@ -162,7 +162,7 @@ def cp_layer_comm(model, job, p, gb_per_s: float, same_node: bool, cluster) -> f
 
 
 def pipeline_time(stage_times: list[float], num_micro_batches: int, vpp: int) -> tuple[float, int]:
-    """(C8) 1F1B / interleaved schedule without communication: m x slowest + (sum of others) / vpp.
+    """(C9) 1F1B / interleaved schedule without communication: m x slowest + (sum of others) / vpp.
 
     With vpp = 1 this is sum_i t_i + (m - 1) max_i t_i; for equal stages the bubble is (p - 1) t / vpp as
     in Narayanan et al. 2021. Returns the time and the index of the slowest stage.
@@ -173,7 +173,7 @@ def pipeline_time(stage_times: list[float], num_micro_batches: int, vpp: int) ->
 
 
 def p2p_chain(boundary_times: list[float], wrap_time: float, num_micro_batches: int, pp: int, vpp: int) -> float:
-    """(C9) Pipeline send/receive on the critical path: 2 x (vpp x sum_j c_j + (vpp - 1) x c_wrap) per round,
+    """(C10) Pipeline send/receive on the critical path: 2 x (vpp x sum_j c_j + (vpp - 1) x c_wrap) per round,
     c_wrap the last-to-first stage link.
 
     1F1B keeps exactly pp - i micro-batches in flight, so the round trip of the send/receive chain is paid
@@ -187,6 +187,6 @@ def p2p_chain(boundary_times: list[float], wrap_time: float, num_micro_batches: 
 
 
 def optimizer_step_time(params_per_gpu: float, gpu_type) -> float:
-    """(C10) Adam step, memory bound: read grad, master, m, v (16 B) and write master, m, v, bf16 weight
+    """(C13) Adam step, memory bound: read grad, master, m, v (16 B) and write master, m, v, bf16 weight
     (14 B) per local parameter at the GPU's memory bandwidth."""
     return params_per_gpu * 30.0 / (gpu_type.hbm_gb_per_s * 1e9)

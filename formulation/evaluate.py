@@ -87,7 +87,7 @@ def _max_group(groups: np.ndarray, fn) -> float:
 
 
 def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
-    """Score a complete placement with the cost model (C1)-(C11) and memory model (M1)-(M7)."""
+    """Score a complete placement with the cost model (C1)-(C14) and memory model (M1)-(M7)."""
     if check:
         check_placement(instance, placement, "<placement>")
     model, job, cluster, p = instance.model, instance.training, instance.cluster, placement
@@ -104,7 +104,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         b_compute = 2 * lt.forward + cost.recompute_passes(p.recompute) * lt.forward
         if p.recompute == "selective":
             b_compute += lt.attention_fwd
-        # (C5) tensor parallel: slowest tp group of the stage; full recompute repeats the forward's comm
+        # (C6) tensor parallel: slowest tp group of the stage; full recompute repeats the forward's comm
         tp = _max_group(p.tp_groups(i), lambda g: cost.tp_layer_comm(
             model, job, p, cost.group_links(cluster, g), cluster)) if p.tp > 1 else 0.0
         if job.tp_comm_overlap:  # only what the GEMMs cannot hide stays on the critical path
@@ -112,7 +112,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         else:
             tp_f, tp_b = tp, tp
         tp_b += cost.recompute_passes(p.recompute) * tp_f
-        # (C7) context parallel ring, overlapped with the attention core
+        # (C8) context parallel ring, overlapped with the attention core
         cp_f = cp_b = 0.0
         if p.cp > 1:
             def ring(g):
@@ -122,7 +122,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
             cp_comm = _max_group(p.cp_groups(i), ring)
             cp_f = max(0.0, cp_comm - lt.attention_fwd)
             cp_b = 2 * cp_f * (1 + cost.recompute_passes(p.recompute) / 2)
-        # (C11) ZeRO-3: per layer, gather parameters before forward and backward, reduce-scatter gradients
+        # (C12) ZeRO-3: per layer, gather parameters before forward and backward, reduce-scatter gradients
         z3_f = z3_b = 0.0
         dp_links = [cost.group_links(cluster, g) for g in p.dp_cp_groups(i)] if p.dp * p.cp > 1 else []
         if p.zero_stage >= 3 and dp_links:
@@ -141,7 +141,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
             fwd += out
             bwd += 2 * out
             compute += 3 * out
-        # (C10) data-parallel gradient synchronisation after the stage's last backward
+        # (C11) data-parallel gradient synchronisation after the stage's last backward
         c = memory_coefficients(instance, p, i)
         stage_params = (c.weights[0] + c.weights[1] * layers) / w_bytes * (p.dp * p.cp if p.zero_stage >= 3 else 1)
         dp_sync = dp_exposed = 0.0
@@ -163,7 +163,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
             tp_comm_s=layers * (tp_f + tp_b), cp_comm_s=layers * (cp_f + cp_b), zero3_comm_s=layers * (z3_f + z3_b),
             dp_sync_s=dp_sync, dp_exposed_s=dp_exposed,
             memory=_stage_memory(instance, p, i, layers, gpus)))
-    # (C8) schedule, (C9) p2p chain
+    # (C9) schedule, (C10) p2p chain
     times = [s.time_per_micro_batch_s for s in stages]
     pipe, k = cost.pipeline_time(times, m, p.vpp)
     message = cost.activation_message_bytes(model, job, p) / sp
@@ -182,7 +182,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         local = (c.optimizer[0] + c.optimizer[1] * s.layers) / job.bytes_per_param_state[2]
         optimizer = max(optimizer, cost.optimizer_step_time(local, cluster.gpu_types[s.gpu_type]))
     overhead = max(cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
-    total = pipe + chain + dp_exposed + optimizer + overhead
+    total = pipe + chain + dp_exposed + optimizer + overhead  # (C14)
     crit = stages[k]
     breakdown = {
         "compute_s": m * crit.compute_s,

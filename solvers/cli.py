@@ -63,7 +63,8 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
     try:
         instance = load_instance(args.instance)
-        console = Console(stderr=args.json)
+        # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.
+        console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
         if args.evaluate:
             placement = load_placement(args.evaluate, instance)
             estimate = evaluate(instance, placement)
@@ -74,8 +75,7 @@ def run(argv: list[str]) -> int:
                 print_tables(estimate_tables(instance, placement, estimate) + [gpu_grid_table(instance, placement)],
                              console)
             return EXIT_OK
-        result = solve(instance, solver="baseline" if args.solver == "auto" else args.solver,
-                       time_limit=args.time_limit, threads=args.threads, seed=args.seed, top=args.top)
+        result = _solve_with_progress(instance, args, solve)
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     except InfeasibleError as exc:
@@ -99,6 +99,22 @@ def run(argv: list[str]) -> int:
     if args.output:
         console.print(f"plan written to {args.output}")
     return EXIT_OK
+
+
+def _solve_with_progress(instance, args, solve):
+    """Run the search, with a progress bar on an interactive terminal unless --quiet."""
+    kwargs = dict(solver="baseline" if args.solver == "auto" else args.solver, time_limit=args.time_limit,
+                  threads=args.threads, seed=args.seed, top=args.top)
+    if args.quiet or not sys.stderr.isatty():
+        return solve(instance, **kwargs)
+    from rich.progress import Progress
+
+    from formulation.space import configurations
+
+    total = sum(1 for _ in configurations(instance))
+    with Progress(transient=True) as bar:
+        task = bar.add_task("configurations examined", total=total)
+        return solve(instance, progress=lambda: bar.advance(task), **kwargs)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from formulation.evaluate import Estimate
@@ -28,7 +29,7 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
 
     crit = Table(title=f"critical path (slowest stage: {e.critical_stage})")
     crit.add_column("part")
-    crit.add_column("time [s]", justify="right")
+    crit.add_column(escape("time [s]"), justify="right")
     crit.add_column("share", justify="right")
     for key, value in e.breakdown.items():
         crit.add_row(key.removesuffix("_s"), f"{value:.3f}", f"{100 * value / e.iteration_time_s:.1f} %")
@@ -37,7 +38,7 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     mem = Table(title="per stage: time per micro-batch and memory per GPU [GiB]")
     for col in ("stage", "layers", "GPU", "fwd [ms]", "bwd [ms]", "dp sync [ms]", "weights", "grads", "optim",
                 "activ.", "buffers", "overhead", "total", "limit"):
-        mem.add_column(col, justify="right")
+        mem.add_column(escape(col), justify="right")
     for s in e.stages:
         m = s.memory
         mem.add_row(str(s.stage), str(s.layers), s.gpu_type, f"{1e3 * s.forward_s:.1f}", f"{1e3 * s.backward_s:.1f}",

@@ -151,13 +151,14 @@ def validate_memory(path: Path = DEFAULT_MEMORY) -> list[dict]:
 
 def _print(result: dict, memory: list[dict]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=max(Console().width, 150))
     table = Table(title="predicted vs measured iteration time")
     for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GB]",
                 "OOM?"):
-        table.add_column(col, justify="right" if col not in ("model", "how", "GPU") else "left")
+        table.add_column(escape(col), justify="right" if col not in ("model", "how", "GPU") else "left")
     for r in result["rows"]:
         if r["skipped_reason"]:
             continue
