@@ -6,6 +6,7 @@ what was expected, so the CLI can print one line and exit with code 2.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -78,7 +79,10 @@ class Section:
         self._read.add(key)
         if key not in self.data:
             if default is _MISSING:
-                raise self.error(key, "required field is missing")
+                unread = [k for k in self.data if isinstance(k, str) and k not in self._read]
+                close = difflib.get_close_matches(key, unread, n=1, cutoff=0.6)
+                hint = f" (found unknown key {close[0]!r}: misspelled?)" if close else ""
+                raise self.error(key, f"required field is missing{hint}")
             return default
         return self.data[key]
 
@@ -107,6 +111,8 @@ class Section:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"expected an integer, got {_type_name(value)} {value!r}")
+        if not is_finite(value):  # beyond float range: every later computation would overflow
+            raise self.error(key, "expected an integer of at most 308 digits, got a longer one")
         if value < minimum:
             raise self.error(key, f"expected an integer >= {minimum}, got {value}")
         if maximum is not None and value > maximum:

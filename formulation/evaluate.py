@@ -129,19 +129,21 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
             ag = max(cost.collective_time("all_gather", layer_params * w_bytes, links, cluster) for links in dp_links)
             rs = max(cost.collective_time("reduce_scatter", layer_params * g_bytes, links, cluster)
                      for links in dp_links)
+            # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
             z3_f = max(0.0, ag - (f_compute + tp_f + cp_f))
             z3_b = max(0.0, ag + rs - (b_compute + tp_b + cp_b))
-            if p.recompute == "full":
-                z3_b += max(0.0, ag - (f_compute + tp_f + cp_f))
         fwd = layers * (f_compute + tp_f + cp_f + z3_f)
         bwd = layers * (b_compute + tp_b + cp_b + z3_b)
         compute = layers * (f_compute + b_compute)
+        out = cost.output_layer_forward(model, job, p, gpu_type) if i == p.pp - 1 else 0.0
         if i == p.pp - 1:  # output layer and loss: forward + 2x backward, never recomputed
-            out = cost.output_layer_forward(model, job, p, gpu_type)
             fwd += out
             bwd += 2 * out
             compute += 3 * out
-        # (C11) data-parallel gradient synchronisation after the stage's last backward
+        # (C11) data-parallel gradient synchronisation after the stage's last backward. The window that hides
+        # it is compute only, so a slower link can never buy itself more hiding (monotone in every link).
+        window_b = layers * b_compute + (2 * out if i == p.pp - 1 else 0.0)
+        window_f = layers * f_compute + (out if i == p.pp - 1 else 0.0)
         c = memory_coefficients(instance, p, i)
         stage_params = (c.weights[0] + c.weights[1] * layers) / w_bytes * (p.dp * p.cp if p.zero_stage >= 3 else 1)
         dp_sync = dp_exposed = 0.0
@@ -149,12 +151,12 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
             grads = stage_params * g_bytes
             if p.zero_stage == 0:
                 parts = [(max(cost.collective_time("all_reduce", grads, lk, cluster) for lk in dp_links),
-                          job.overlap_grad_reduce, bwd)]
+                          job.overlap_grad_reduce, window_b)]
             else:
                 parts = [(max(cost.collective_time("reduce_scatter", grads, lk, cluster) for lk in dp_links),
-                          job.overlap_grad_reduce, bwd),
+                          job.overlap_grad_reduce, window_b),
                          (max(cost.collective_time("all_gather", stage_params * w_bytes, lk, cluster)
-                              for lk in dp_links), job.overlap_param_gather, fwd)]
+                              for lk in dp_links), job.overlap_param_gather, window_f)]
             for time, overlapped, window in parts:
                 dp_sync += time
                 dp_exposed += max(0.0, time - window) if overlapped else time

@@ -48,20 +48,28 @@ def read_document(path: str | Path) -> dict:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
             raise InputError(file, "<root>", f"invalid YAML{where}") from None
+        except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit conversion limit
+            raise InputError(file, "<root>", f"invalid YAML: {exc}") from None
     else:
         try:
             data = json.loads(text, parse_constant=_reject_constant)
         except json.JSONDecodeError as exc:
             raise InputError(file, "<root>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-        except ValueError as exc:  # NaN / Infinity: name the field, as every other error does
+        except _NonFiniteConstant as exc:  # NaN / Infinity: name the field, as every other error does
             raise InputError(file, _non_finite_path(json.loads(text)) or "<root>", str(exc)) from None
+        except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit conversion limit
+            raise InputError(file, "<root>", str(exc)) from None
     if not isinstance(data, dict):
         raise InputError(file, "<root>", "expected an object at the top level")
     return data
 
 
+class _NonFiniteConstant(ValueError):
+    pass
+
+
 def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a valid number (JSON allows finite numbers only)")
+    raise _NonFiniteConstant(f"{name} is not a valid number (JSON allows finite numbers only)")
 
 
 def _non_finite_path(value, path: str = "") -> str | None:

@@ -114,8 +114,8 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
     sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
     per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1)
     act_fixed = working
-    if stage == 0:  # embedding output (and its dropout mask) per in-flight micro-batch
-        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m) * sbh * (2 + (1 if model.dropout else 0)) / sp
+    if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input
+        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m) * sbh / sp
     buf_fixed = 0.0
     if stage == p.pp - 1:  # final norm and output-layer inputs; bf16 logits + fp32 copy for the loss
         act_fixed += 4 * sbh / sp
@@ -128,7 +128,12 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
 
 
 def stage_memory(instance, p, stage: int, layers: int, gpu_type) -> StageMemory:
-    """(M7) total = components x (1 + fragmentation) + runtime overhead; fits if <= fraction x capacity."""
+    """(M7) total = static + dynamic x (1 + fragmentation) + runtime overhead; fits if <= fraction x capacity.
+
+    Weights, gradients and optimizer state live in contiguous buffers allocated once (Megatron-LM's param
+    and grad buffers, the distributed optimizer's shards), so only the dynamic allocations (activations,
+    temporary buffers) fragment the caching allocator.
+    """
     c = memory_coefficients(instance, p, stage)
 
     def gib(pair: tuple[float, float]) -> float:
@@ -136,7 +141,7 @@ def stage_memory(instance, p, stage: int, layers: int, gpu_type) -> StageMemory:
 
     weights, grads, optim = gib(c.weights), gib(c.gradients), gib(c.optimizer)
     acts, bufs = gib(c.activations), gib(c.buffers)
-    frag = gpu_type.fragmentation_fraction * (weights + grads + optim + acts + bufs)
+    frag = gpu_type.fragmentation_fraction * (acts + bufs)
     return StageMemory(stage=stage, weights_gib=weights, gradients_gib=grads, optimizer_gib=optim,
                        activations_gib=acts, buffers_gib=bufs, overhead_gib=gpu_type.runtime_overhead_gib + frag,
                        limit_gib=instance.training.memory_limit_fraction * gpu_type.memory_gib,
