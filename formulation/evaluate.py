@@ -46,6 +46,7 @@ class Estimate:
     fits: bool
     num_micro_batches: int
     critical_stage: int
+    p2p_boundary_s: tuple[float, ...] = ()  # one send between stage j and j + 1 (slowest pair), j = 0..pp-2
 
     @property
     def memory_shortfall_gib(self) -> float:
@@ -66,6 +67,7 @@ class Estimate:
         return {"iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
                 "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu, "breakdown": dict(self.breakdown),
                 "num_micro_batches": self.num_micro_batches, "critical_stage": self.critical_stage,
+                "p2p_boundary_s": list(self.p2p_boundary_s),
                 "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages}
 
 
@@ -175,8 +177,8 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         return max(cost.p2p_time(message, cluster.bandwidth(int(x), int(y)),
                                  cluster.gpu_node[x] == cluster.gpu_node[y], cluster) for x, y in zip(src, dst))
 
-    chain = cost.p2p_chain([boundary(j, j + 1) for j in range(p.pp - 1)],
-                           boundary(p.pp - 1, 0) if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
+    boundaries = [boundary(j, j + 1) for j in range(p.pp - 1)]
+    chain = cost.p2p_chain(boundaries, boundary(p.pp - 1, 0) if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
     dp_exposed = max(s.dp_exposed_s for s in stages)
     optimizer = 0.0
     for i, s in enumerate(stages):
@@ -204,4 +206,5 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         iteration_time_s=total, tokens_per_s=job.global_batch_size * job.seq_length / total,
         model_tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu / float(peaks.mean()), breakdown=breakdown,
         stages=tuple(stages), peak_memory_gib=max(s.memory.total_gib for s in stages),
-        fits=all(s.memory.fits for s in stages), num_micro_batches=m, critical_stage=k)
+        fits=all(s.memory.fits for s in stages), num_micro_batches=m, critical_stage=k,
+        p2p_boundary_s=tuple(boundaries))
