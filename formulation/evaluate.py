@@ -12,6 +12,7 @@ import numpy as np
 from . import cost
 from .memory import StageMemory, memory_coefficients, stage_memory
 from .placement import Placement, check_placement
+from .stage import dp_sync_parts, layer_time, stage_constants
 
 
 @dataclass(frozen=True)
@@ -96,75 +97,41 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
     m = p.num_micro_batches(job.global_batch_size)
     sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
     w_bytes, g_bytes, _ = job.bytes_per_param_state
-    layer_params = model.layer_matmul_params / p.tp + model.layer_norm_params
     stages = []
     for i, layers in enumerate(p.layers_per_stage):
         gpus = p.stage_gpus(i)
         gpu_type = _slowest_type(cluster, gpus, model, job, p)
-        lt = cost.layer_compute(model, job, p, gpu_type)
-        f_compute = lt.forward
-        b_compute = 2 * lt.forward + cost.recompute_passes(p.recompute) * lt.forward
-        if p.recompute == "selective":
-            b_compute += lt.attention_fwd
-        # (C6) tensor parallel: slowest tp group of the stage; full recompute repeats the forward's comm
+        k = stage_constants(instance, p, i, gpu_type)
+        # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
         tp = _max_group(p.tp_groups(i), lambda g: cost.tp_layer_comm(
             model, job, p, cost.group_links(cluster, g), cluster)) if p.tp > 1 else 0.0
-        if job.tp_comm_overlap:  # only what the GEMMs cannot hide stays on the critical path
-            tp_f, tp_b = max(0.0, tp - lt.matmul_fwd), max(0.0, tp - 2 * lt.matmul_fwd)
-        else:
-            tp_f, tp_b = tp, tp
-        tp_b += cost.recompute_passes(p.recompute) * tp_f
-        # (C8) context parallel ring, overlapped with the attention core
-        cp_f = cp_b = 0.0
+        cp = 0.0
         if p.cp > 1:
             def ring(g):
                 links = cost.group_links(cluster, g)
                 return cost.cp_layer_comm(model, job, p, min(links.intra_gb_per_s, links.inter_gb_per_s),
                                           links.nodes == 1, cluster)
-            cp_comm = _max_group(p.cp_groups(i), ring)
-            cp_f = max(0.0, cp_comm - lt.attention_fwd)
-            cp_b = 2 * cp_f * (1 + cost.recompute_passes(p.recompute) / 2)
-        # (C12) ZeRO-3: per layer, gather parameters before forward and backward, reduce-scatter gradients
-        z3_f = z3_b = 0.0
+            cp = _max_group(p.cp_groups(i), ring)
         dp_links = [cost.group_links(cluster, g) for g in p.dp_cp_groups(i)] if p.dp * p.cp > 1 else []
+        ag = rs = 0.0
         if p.zero_stage >= 3 and dp_links:
-            ag = max(cost.collective_time("all_gather", layer_params * w_bytes, links, cluster) for links in dp_links)
-            rs = max(cost.collective_time("reduce_scatter", layer_params * g_bytes, links, cluster)
-                     for links in dp_links)
-            # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
-            z3_f = max(0.0, ag - (f_compute + tp_f + cp_f))
-            z3_b = max(0.0, ag + rs - (b_compute + tp_b + cp_b))
-        fwd = layers * (f_compute + tp_f + cp_f + z3_f)
-        bwd = layers * (b_compute + tp_b + cp_b + z3_b)
-        compute = layers * (f_compute + b_compute)
-        out = cost.output_layer_forward(model, job, p, gpu_type) if i == p.pp - 1 else 0.0
-        if i == p.pp - 1:  # output layer and loss: forward + 2x backward, never recomputed
-            fwd += out
-            bwd += 2 * out
-            compute += 3 * out
-        # (C11) data-parallel gradient synchronisation after the stage's last backward. The window that hides
-        # it is compute only, so a slower link can never buy itself more hiding (monotone in every link).
-        window_b = layers * b_compute + (2 * out if i == p.pp - 1 else 0.0)
-        window_f = layers * f_compute + (out if i == p.pp - 1 else 0.0)
-        c = memory_coefficients(instance, p, i)
-        stage_params = (c.weights[0] + c.weights[1] * layers) / w_bytes * (p.dp * p.cp if p.zero_stage >= 3 else 1)
+            ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
+            rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster)
+                     for lk in dp_links)
+        lt = layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs)
+        # output layer and loss on the last stage: forward + 2x backward, never recomputed
+        fwd = layers * lt.forward + k.output_fwd
+        bwd = layers * lt.backward + 2 * k.output_fwd
+        compute = layers * (k.f_compute + k.b_compute) + 3 * k.output_fwd
+        # (C11) data-parallel synchronisation after the stage's last backward
         dp_sync = dp_exposed = 0.0
-        if dp_links and p.zero_stage < 3:
-            grads = stage_params * g_bytes
-            if p.zero_stage == 0:
-                parts = [(max(cost.collective_time("all_reduce", grads, lk, cluster) for lk in dp_links),
-                          job.overlap_grad_reduce, window_b)]
-            else:
-                parts = [(max(cost.collective_time("reduce_scatter", grads, lk, cluster) for lk in dp_links),
-                          job.overlap_grad_reduce, window_b),
-                         (max(cost.collective_time("all_gather", stage_params * w_bytes, lk, cluster)
-                              for lk in dp_links), job.overlap_param_gather, window_f)]
-            for time, overlapped, window in parts:
-                dp_sync += time
-                dp_exposed += max(0.0, time - window) if overlapped else time
+        for kind, message, overlapped, window in dp_sync_parts(instance, p, k, layers):
+            time = max(cost.collective_time(kind, message, lk, cluster) for lk in dp_links)
+            dp_sync += time
+            dp_exposed += max(0.0, time - window) if overlapped else time
         stages.append(StageEstimate(
             stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
-            tp_comm_s=layers * (tp_f + tp_b), cp_comm_s=layers * (cp_f + cp_b), zero3_comm_s=layers * (z3_f + z3_b),
+            tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
             dp_sync_s=dp_sync, dp_exposed_s=dp_exposed,
             memory=_stage_memory(instance, p, i, layers, gpus)))
     # (C9) schedule, (C10) p2p chain
