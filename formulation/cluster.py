@@ -6,11 +6,13 @@ granularity it is known, so that 16,384 GPUs do not need a 16,384^2 matrix:
 - between nodes: one N x N matrix of per-GPU (per-NIC) bandwidth, nominal `inter_node_gb_per_s`, lowered
   by per-node NIC overrides (a pair runs at the slower of its two ends) and replaced by measured node pairs;
 - measured GPU pairs across nodes: a sparse override table.
-Each level has a latency (alpha) so that effective bandwidth grows with message size.
+Each level has a latency (alpha) so that effective bandwidth grows with message size. Measurement files
+(nccl-tests logs, `nvidia-smi topo -m`) are read by `formulation.ingest`; `_load_network` states the precedence.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,7 +21,8 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from .errors import InputError, Section, is_finite
+from .errors import Section, is_finite
+from .ingest import network as measured
 
 CATALOG_PATH = Path(__file__).resolve().parent / "data" / "gpu_types.json"
 CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -170,13 +173,15 @@ class Cluster:
                 intra = min(intra, float(sub[~np.eye(len(local), dtype=bool)].min()))
         inter = np.inf
         if len(uniq) > 1:
-            sub = self.inter_gb_per_s[np.ix_(uniq, uniq)]
-            inter = float(sub[~np.eye(len(uniq), dtype=bool)].min())
-            if self.gpu_pair_gb_per_s:
-                members = set(int(g) for g in gpus)
-                for (a, b), value in self.gpu_pair_gb_per_s.items():
-                    if a in members and b in members:
-                        inter = min(inter, value)
+            members = [int(g) for g in gpus]
+            member_set = set(members)
+            if any(a in member_set or b in member_set for a, b in self.gpu_pair_gb_per_s):
+                # a measured GPU pair replaces its nodes' figure for that pair only: go pair by pair
+                inter = min(self.bandwidth(a, b) for a, b in itertools.combinations(members, 2)
+                            if self.gpu_node[a] != self.gpu_node[b])
+            else:
+                sub = self.inter_gb_per_s[np.ix_(uniq, uniq)]
+                inter = float(sub[~np.eye(len(uniq), dtype=bool)].min())
         return intra, inter, int(len(uniq)), int(counts.min())
 
     def link_graph(self) -> nx.Graph:
@@ -219,6 +224,32 @@ class Cluster:
                 reps.append(i)
         return [sorted(c) for c in sorted(nx.connected_components(graph), key=min)]
 
+    def uniform_classes(self) -> list[list[int]]:
+        """Sets of GPUs (global indices) of one node that any permutation leaves the cluster unchanged: every
+        pair inside has the same bandwidth and every member has the same bandwidth to each GPU outside. A
+        placement only matters up to which class hosts which ranks, so the exact program assigns ranks to
+        classes. GPUs named in cross-node pair overrides stay alone."""
+        special = {g for pair in self.gpu_pair_gb_per_s for g in pair}
+        classes: list[list[int]] = []
+        for node in range(len(self.nodes)):
+            M = self.intra_gb_per_s[node]
+            offset = int(self.node_offset[node])
+            groups: list[list[int]] = []
+            for a in range(M.shape[0]):
+                for group in groups:
+                    if offset + a in special or offset + group[0] in special:
+                        continue
+                    members = group + [a]
+                    inside = {M[x, y] for x in members for y in members if x != y}
+                    outside = [z for z in range(M.shape[0]) if z not in members]
+                    if len(inside) == 1 and all(len({M[x, z] for x in members}) == 1 for z in outside):
+                        group.append(a)
+                        break
+                else:
+                    groups.append([a])
+            classes += [[offset + g for g in group] for group in groups]
+        return classes
+
     def interchangeable_gpus(self, node: int) -> list[list[int]]:
         """Classes of local GPUs of one node with identical intra-node bandwidth rows (as above, per node)."""
         if any(self.gpu_node[a] == node or self.gpu_node[b] == node for a, b in self.gpu_pair_gb_per_s):
@@ -236,8 +267,10 @@ class Cluster:
         return [sorted(c) for c in sorted(nx.connected_components(graph), key=min)]
 
 
-def load_cluster_section(data: dict, file: str, software_stack: str = "megatron") -> Cluster:
-    """The instance's `cluster` section (strict; see README, instance format)."""
+def load_cluster_section(data: dict, file: str, software_stack: str = "megatron",
+                         base_dir: Path | None = None) -> Cluster:
+    """The instance's `cluster` section (strict; see README, instance format). Measurement files are relative to
+    `base_dir` (the instance file's directory; default the current directory)."""
     sec = Section(data, file, "cluster")
     types_sec = sec.section("gpu_types")
     if not types_sec.data:
@@ -249,7 +282,7 @@ def load_cluster_section(data: dict, file: str, software_stack: str = "megatron"
     nodes = _load_nodes(sec, gpu_types)
     net = sec.section("network")
     sec.done()
-    return _load_network(net, nodes, gpu_types)
+    return _load_network(net, nodes, gpu_types, base_dir or Path("."))
 
 
 def _load_nodes(sec: Section, gpu_types: dict) -> tuple[Node, ...]:
@@ -299,17 +332,25 @@ def _matrix(net: Section, key: str, size: int) -> np.ndarray:
     return out
 
 
-def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict) -> Cluster:
+def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_dir: Path) -> Cluster:
+    """Inputs apply from the coarsest to the most specific, later ones winning where they speak: nominal level
+    figures -> `nccl_tests` (fitted level figures and latencies) -> per-node `nodes` -> `node_matrix_gb_per_s`
+    -> `node_pairs` -> `sendrecv_logs` -> `nvidia_smi_topo` -> `gpu_matrix_gb_per_s` -> `gpu_pairs`."""
     intra_nominal = net.number("intra_node_gb_per_s")
     inter_nominal = net.number("inter_node_gb_per_s")
     intra_latency = net.number("intra_node_latency_us", default=5.0, positive=False, minimum=0.0) * 1e-6
     inter_latency = net.number("inter_node_latency_us", default=15.0, positive=False, minimum=0.0) * 1e-6
+    fits = measured.nccl_level_fits(net, nodes, base_dir)
+    intra_latency = intra_latency if fits.intra_latency_s is None else fits.intra_latency_s
+    inter_latency = inter_latency if fits.inter_latency_s is None else fits.inter_latency_s
     index = {n.name: i for i, n in enumerate(nodes)}
     n = len(nodes)
     has_matrix = net.has("node_matrix_gb_per_s")
-    # A node's NIC caps every pair it is part of; with a measured matrix only explicit caps apply.
-    nic = np.full(n, np.inf if has_matrix else inter_nominal)
-    intra = [np.full((node.num_gpus, node.num_gpus), intra_nominal) for node in nodes]
+    # A pair of nodes runs at the slower end: per-node level figures (nominal, or fitted) and NIC caps.
+    level = np.array([inter_nominal if v is None else v for v in fits.inter_gb_per_s])
+    nic = np.full(n, np.inf)
+    intra = [np.full((node.num_gpus, node.num_gpus), intra_nominal if v is None else v)
+             for node, v in zip(nodes, fits.intra_gb_per_s)]
     for i, item in enumerate(net.items("nodes", default=[], non_empty=False)):
         ns = Section(item, net.file, f"cluster.network.nodes[{i}]")
         name = ns.string("node")
@@ -320,7 +361,7 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict) -> Clu
         if ns.has("intra_node_gb_per_s"):
             intra[index[name]][:] = ns.number("intra_node_gb_per_s")
         ns.done()
-    inter = _matrix(net, "node_matrix_gb_per_s", n) if has_matrix else np.full((n, n), inter_nominal)
+    inter = _matrix(net, "node_matrix_gb_per_s", n) if has_matrix else np.minimum.outer(level, level)
     inter = np.minimum(inter, np.minimum.outer(nic, nic))
     for i, item in enumerate(net.items("node_pairs", default=[], non_empty=False)):
         ps = Section(item, net.file, f"cluster.network.node_pairs[{i}]")
@@ -331,6 +372,10 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict) -> Clu
         ps.done()
         a, b = index[pair[0]], index[pair[1]]
         inter[a, b] = inter[b, a] = value
+    for a, b, value in measured.sendrecv_pairs(net, index, base_dir):
+        inter[a, b] = inter[b, a] = value
+    for k, matrix in measured.topo_matrices(net, nodes, gpu_types, base_dir).items():
+        intra[k] = matrix
     np.fill_diagonal(inter, np.inf)
     offsets = np.concatenate([[0], np.cumsum([node.num_gpus for node in nodes])])
     total = int(offsets[-1])
@@ -341,19 +386,17 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict) -> Clu
             raise ps.error(field, f"expected a GPU as \"node:local_index\" of a listed node, got {name!r}")
         return int(offsets[index[node]]) + int(local)
 
+    node_of_gpu = np.repeat(np.arange(n), [node.num_gpus for node in nodes])
+    pairs: dict[tuple[int, int], float] = {}
     if net.has("gpu_matrix_gb_per_s"):
         full = _matrix(net, "gpu_matrix_gb_per_s", total)
         for k in range(n):
             lo, hi = offsets[k], offsets[k + 1]
             intra[k] = full[lo:hi, lo:hi].copy()
-    pairs: dict[tuple[int, int], float] = {}
-    if net.has("gpu_matrix_gb_per_s"):
-        node_of = np.repeat(np.arange(n), [node.num_gpus for node in nodes])
         for a in range(total):
             for b in range(a + 1, total):
-                if node_of[a] != node_of[b] and full[a, b] != inter[node_of[a], node_of[b]]:
+                if node_of_gpu[a] != node_of_gpu[b] and full[a, b] != inter[node_of_gpu[a], node_of_gpu[b]]:
                     pairs[(a, b)] = float(min(full[a, b], full[b, a]))
-    node_of_gpu = np.repeat(np.arange(n), [node.num_gpus for node in nodes])
     for i, item in enumerate(net.items("gpu_pairs", default=[], non_empty=False)):
         ps = Section(item, net.file, f"cluster.network.gpu_pairs[{i}]")
         pair = ps.items("gpus")

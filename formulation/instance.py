@@ -94,7 +94,7 @@ def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None
         raise sec.error("description", "expected a string")
     model = load_model_section(sec.raw("model"), file, base_dir)
     training = load_training_section(sec.raw("training"), file)
-    cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack)
+    cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack, base_dir)
     sec.done()
     _check_consistency(model, training, cluster, file)
     return Instance(name=name, description=description, model=model, training=training, cluster=cluster,

@@ -17,16 +17,23 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "instances" / "models"
 _HF_ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu",
                    "gelu_pytorch_tanh": "gelu", "relu": "gelu"}
 # Keys of HF configs that do not change cost or memory; accepted and ignored so real config.json files load.
+# A sliding window (Mistral, Qwen2) only shortens attention, so ignoring it keeps the estimate conservative; a
+# bias (Qwen2's QKV bias, attention_bias) adds well under 0.1% of the parameters.
 _HF_IGNORED = {
-    "architectures", "model_type", "torch_dtype", "transformers_version", "bos_token_id", "eos_token_id",
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
     "pad_token_id", "rope_theta", "rope_scaling", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps",
     "initializer_range", "use_cache", "pretraining_tp", "attention_bias", "mlp_bias", "max_position_embeddings",
-    "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "_name_or_path",
-    "sliding_window", "use_sliding_window", "max_window_layers", "bias", "use_parallel_residual", "rotary_pct",
-    "rotary_emb_base", "classifier_dropout", "tokenizer_class", "n_positions", "n_ctx", "summary_type",
-    "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
-    "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx", "layer_norm_eps",
+    "_name_or_path", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "bias",
+    "use_parallel_residual", "rotary_pct", "partial_rotary_factor", "rotary_emb_base", "classifier_dropout",
+    "tokenizer_class", "n_positions", "n_ctx", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights", "reorder_and_upcast_attn",
+    "scale_attn_by_inverse_layer_idx",
 }
+# Dropout probabilities of HF configs: dropout masks cost memory, so any positive one turns `dropout` on and all
+# zero turns it off (GPT-NeoX-20B, Pythia, Qwen2 train without); with none given the activation decides.
+_HF_DROPOUT = ("hidden_dropout", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
+               "attention_probs_dropout_prob")
+_HF_NULLABLE = ("num_key_value_heads", "head_dim")  # written as null by some configs: the default applies
 _MOE_KEYS = {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"}
 
 
@@ -137,14 +144,21 @@ class Model:
 
 def model_from_dict(data: dict, file: str, path: str = "model") -> Model:
     """Build a `Model` from Hugging Face `config.json` fields (strict: unknown keys are errors)."""
+    if isinstance(data, dict):  # sizes written as null mean the default
+        data = {k: v for k, v in data.items() if not (k in _HF_NULLABLE and v is None)}
     sec = Section(data, file, path)
     moe = sorted(k for k in _MOE_KEYS if k in data and data[k] not in (None, 0, 1))
     if moe:
-        raise sec.error(moe[0], "mixture-of-experts models are not supported yet (expert parallelism is planned)")
-    if "text_config" in data:  # multimodal wrappers nest the language model
+        raise sec.error(moe[0], f"mixture-of-experts models are not supported yet (got {data[moe[0]]!r}; expert "
+                                "parallelism is planned)")
+    if "text_config" in data:
+        # Multimodal wrappers (LLaVA, Mllama, ...) nest the language model, which is what is planned; the vision
+        # tower is not. The wrapper's name and tie_word_embeddings apply where the text config has none.
         sub = sec.section("text_config")
-        return model_from_dict(sub.data, file, sub.path)
-    name = sec.string("name", default=sec.data.get("_name_or_path") or Path(file).stem)
+        inherited = {k: data[k] for k in ("name", "_name_or_path", "tie_word_embeddings") if k in data}
+        return model_from_dict({**inherited, **sub.data}, file, sub.path)
+    stem = Path(file).parent.name if Path(file).name == "config.json" else Path(file).stem
+    name = sec.string("name", default=sec.data.get("_name_or_path") or stem)
     layers = sec.integer("num_hidden_layers") if sec.has("num_hidden_layers") else sec.integer("n_layer")
     hidden = sec.integer("hidden_size") if sec.has("hidden_size") else sec.integer("n_embd")
     heads = sec.integer("num_attention_heads") if sec.has("num_attention_heads") else sec.integer("n_head")
@@ -168,7 +182,8 @@ def model_from_dict(data: dict, file: str, path: str = "model") -> Model:
         raise sec.error("num_key_value_heads", f"num_attention_heads {heads} is not divisible by {kv_heads} kv heads")
     tie = sec.boolean("tie_word_embeddings", default=False)
     norm = sec.string("norm", default="rmsnorm" if mlp == "swiglu" else "layernorm", choices=("rmsnorm", "layernorm"))
-    dropout = sec.boolean("dropout", default=mlp == "gelu")
+    probabilities = [sec.number(k, positive=False, minimum=0.0, maximum=1.0) for k in _HF_DROPOUT if sec.has(k)]
+    dropout = sec.boolean("dropout", default=any(p > 0 for p in probabilities) if probabilities else mlp == "gelu")
     learned = sec.boolean("learned_position_embeddings", default=False)
     max_pos = sec.integer("max_position_embeddings", default=0, minimum=0)
     for key in list(data):
