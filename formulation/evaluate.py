@@ -28,6 +28,7 @@ class StageEstimate:
     zero3_comm_s: float
     dp_sync_s: float  # gradient synchronisation of this stage after its last backward
     dp_exposed_s: float
+    optimizer_s: float  # (C13) this stage's optimizer step
     memory: StageMemory
 
     @property
@@ -129,10 +130,12 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
             time = max(cost.collective_time(kind, message, lk, cluster) for lk in dp_links)
             dp_sync += time
             dp_exposed += max(0.0, time - window) if overlapped else time
+        opt_fixed, opt_per_layer = memory_coefficients(instance, p, i).optimizer
         stages.append(StageEstimate(
             stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
             tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
-            dp_sync_s=dp_sync, dp_exposed_s=dp_exposed,
+            dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
+                (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
             memory=_stage_memory(instance, p, i, layers, gpus)))
     # (C9) schedule, (C10) p2p chain
     times = [s.time_per_micro_batch_s for s in stages]
@@ -147,11 +150,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
     boundaries = [boundary(j, j + 1) for j in range(p.pp - 1)]
     chain = cost.p2p_chain(boundaries, boundary(p.pp - 1, 0) if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
     dp_exposed = max(s.dp_exposed_s for s in stages)
-    optimizer = 0.0
-    for i, s in enumerate(stages):
-        c = memory_coefficients(instance, p, i)
-        local = (c.optimizer[0] + c.optimizer[1] * s.layers) / job.bytes_per_param_state[2]
-        optimizer = max(optimizer, cost.optimizer_step_time(local, cluster.gpu_types[s.gpu_type]))
+    optimizer = max(s.optimizer_s for s in stages)
     overhead = max(cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
     total = pipe + chain + dp_exposed + optimizer + overhead  # (C14)
     crit = stages[k]

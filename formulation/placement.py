@@ -75,6 +75,14 @@ def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def default_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
+    """Megatron-LM's default partition: even split; with interleaving only when every stage gets the same
+    whole number of chunks (num_layers divisible by pp x vpp), else None (it needs the layout flag)."""
+    if vpp == 1:
+        return even_split(num_layers, pp)
+    return (num_layers // pp,) * pp if num_layers % (pp * vpp) == 0 else None
+
+
 def default_placement(instance, tp: int, pp: int, cp: int = 1, dp: int | None = None, vpp: int = 1,
                       micro_batch_size: int = 1, recompute: str = "none", zero_stage: int = 1) -> Placement:
     """Megatron-style default: even layer split, ranks filled node by node in the listed order."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .memory import stage_memory
-from .placement import Placement, even_split
+from .placement import Placement
 
 
 @dataclass(frozen=True, order=True)
@@ -35,7 +35,7 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
     tp within one node (and at most `max_tensor_parallel_size`), dividing the query and kv heads;
     pp at most the layer count; cp from the allowed sizes, dividing the sequence; dp fills the world;
     micro-batch sizes dividing the per-replica batch; vpp > 1 only with pp > 1, m divisible by pp and
-    an even split into vpp chunks; recompute and zero_stage from the allowed choices.
+    the layers divisible into whole chunks of vpp per stage; recompute and zero_stage from the allowed choices.
     """
     model, job, cluster = instance.model, instance.training, instance.cluster
     world = world_size or cluster.num_gpus
@@ -58,7 +58,9 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
                         continue
                     m = job.global_batch_size // (mbs * dp)
                     for vpp in job.virtual_pipeline_sizes:
-                        if vpp > 1 and (pp == 1 or m % pp or any(n % vpp for n in even_split(model.num_layers, pp))):
+                        # interleaving: some partition into whole chunks of vpp layers per stage must exist
+                        if vpp > 1 and (pp == 1 or m % pp or model.num_layers % vpp or
+                                        model.num_layers // vpp < pp):
                             continue
                         for recompute in job.recompute:
                             for zero in job.zero_stage:
@@ -69,6 +71,27 @@ def placement_for(config: Config, layers_per_stage, gpus) -> Placement:
     return Placement(tp=config.tp, pp=config.pp, cp=config.cp, dp=config.dp, vpp=config.vpp,
                      micro_batch_size=config.micro_batch_size, recompute=config.recompute,
                      zero_stage=config.zero_stage, layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
+
+
+def layer_capacity(instance, placement: Placement, stage: int, gpu_type) -> int:
+    """The most layers `stage` can hold within its memory limit (memory grows with the layer count)."""
+    lo, hi = 0, instance.model.num_layers
+    if not stage_memory(instance, placement, stage, 0, gpu_type).fits:
+        return -1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if stage_memory(instance, placement, stage, mid, gpu_type).fits:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def partition_fits(instance, config: Config, gpu_type) -> tuple[bool, list[int]]:
+    """Whether some layer partition fits: every stage can hold vpp layers and together they hold all."""
+    p = placement_for(config, (1,) * config.pp, range(config.tp * config.pp * config.cp * config.dp))
+    caps = [layer_capacity(instance, p, i, gpu_type) for i in range(config.pp)]
+    return all(c >= config.vpp for c in caps) and sum(caps) >= instance.model.num_layers, caps
 
 
 def memory_feasible(instance, placement: Placement) -> tuple[bool, float, int]:

@@ -37,6 +37,7 @@ class PlanResult:
     alternatives: list = field(default_factory=list)  # (placement, estimate) of the next-best configurations
     examined: int = 0
     fitting: int = 0
+    default: tuple | None = None  # (placement, estimate) of the fastest Megatron-style default placement
 
     def to_dict(self, cluster) -> dict:
         out = {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict(),
@@ -47,26 +48,65 @@ class PlanResult:
         return out
 
 
-def solve(instance, solver: str = "baseline", time_limit: float | None = None, threads: int = 1, seed: int = 0,
+def solve(instance, solver: str = "auto", time_limit: float | None = None, threads: int = 1, seed: int = 0,
           top: int = 1, progress=None) -> PlanResult:
-    """Plan `instance`. Today's method: the Megatron-style default placement over every configuration
-    (status "feasible": it is optimal only among default placements, so no bound is claimed)."""
+    """Plan `instance`.
+
+    solver: "cbc" or "cpsat" (exact program per configuration inside the bound-and-prune search; status
+    "optimal" with a proof over the whole configuration space when it finishes), "auto" (CP-SAT, or CBC when
+    OR-Tools is missing, where the cluster is small enough for the exact program; else the best default
+    placement with the search's proven lower bound), or "baseline" (Megatron-style defaults, no bound).
+    """
     import time
 
+    from . import backends
     from .baseline import best_default
+    from .search import MAX_EXACT_SIZE, exact_is_tractable, search
 
-    if solver not in ("baseline", "auto"):
-        raise ValueError(f"solver {solver!r} is not available yet; use 'baseline' or 'auto'")
     start = time.perf_counter()
-    result = best_default(instance, top=max(1, top), progress=progress)
-    best = result.best[0]
-    report = SolverReport(method="megatron-default-sweep", status="feasible",
-                          objective_s=best.estimate.iteration_time_s, bound_s=None, gap=None,
-                          wall_time_s=time.perf_counter() - start, seed=seed,
-                          note="best default placement over all configurations; no optimality bound")
+    if solver == "baseline":
+        result = best_default(instance, top=max(1, top), progress=progress)
+        best = result.best[0]
+        report = SolverReport(method="megatron-default-sweep", status="feasible",
+                              objective_s=best.estimate.iteration_time_s, bound_s=None, gap=None,
+                              wall_time_s=time.perf_counter() - start, seed=seed,
+                              note=f"best default placement over all configurations, no optimality bound; "
+                                   f"{result.examined} configurations examined, {result.fitting} fit")
+        return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
+                          alternatives=[(r.placement, r.estimate) for r in result.best[1:]],
+                          examined=result.examined, fitting=result.fitting, default=(best.placement, best.estimate))
+    exact = True
+    if solver == "auto":
+        available = backends.available()
+        # CP-SAT closes these programs several times faster than CBC (tests/test_exact.py instances:
+        # 2.6 s vs 14 s on the slowest); CBC when OR-Tools is missing
+        solver = "cpsat" if available["cpsat"] else "cbc"
+        exact = exact_is_tractable(instance)
+    if solver not in ("cbc", "cpsat"):
+        raise ValueError(f"unknown solver {solver!r}; expected auto, cbc, cpsat or baseline")
+    found = search(instance, solver=solver, time_limit_s=time_limit, threads=threads, seed=seed, top=max(1, top),
+                   progress=progress, exact=exact)
+    best = found.ranked[0]
+    objective = best.estimate.iteration_time_s
+    gap = (objective - found.bound_s) / objective
+    if exact:
+        method = f"exact-{solver}"
+        note = (f"{found.examined} configurations solved exactly or tried, {found.pruned} pruned by bound, "
+                f"{found.infeasible} do not fit")
+    else:
+        method = "bound-only"
+        note = (f"{instance.cluster.num_gpus} GPUs x {len(instance.cluster.uniform_classes())} GPU classes exceeds "
+                f"the exact program's reach ({MAX_EXACT_SIZE}): default GPU maps with exactly optimised layer "
+                f"partitions for the {found.examined} most promising of {found.candidates} configurations that "
+                f"fit, and the global lower bound of all of them")
+    report = SolverReport(method=method, status=found.status, objective_s=objective,
+                          bound_s=found.bound_s, gap=max(0.0, gap), wall_time_s=time.perf_counter() - start,
+                          seed=seed, note=note)
+    default = found.best_default
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
-                      alternatives=[(r.placement, r.estimate) for r in result.best[1:]],
-                      examined=result.examined, fitting=result.fitting)
+                      alternatives=[(c.placement, c.estimate) for c in found.ranked[1:]],
+                      examined=found.examined, fitting=len(found.ranked),
+                      default=(default.placement, default.estimate) if default else None)
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
@@ -78,6 +118,9 @@ def write_json_atomic(path: str | Path, data: dict) -> None:
         with os.fdopen(fd, "w") as handle:
             json.dump(data, handle, indent=2)
             handle.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a plan is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from formulation.errors import InfeasibleError
 from formulation.evaluate import Estimate, evaluate
-from formulation.placement import Placement, even_split
+from formulation.placement import Placement, default_split
 from formulation.space import Config, configurations, memory_feasible, placement_for
 
 
@@ -37,7 +37,10 @@ def default_placements(instance, progress=None):
     """Yield (config, placement, fits, excess GiB, worst stage) for every configuration's default placement."""
     world = instance.cluster.num_gpus
     for config in configurations(instance):
-        placement = placement_for(config, even_split(instance.model.num_layers, config.pp), range(world))
+        split = default_split(instance.model.num_layers, config.pp, config.vpp)
+        if split is None:  # Megatron-LM has no default partition for it (needs the layout flag)
+            continue
+        placement = placement_for(config, split, range(world))
         fits, excess, stage = memory_feasible(instance, placement)
         if progress is not None:
             progress()

@@ -1,0 +1,24 @@
+"""Thin solver adapters with one contract: `solve(program, time_limit_s, threads, seed) -> BackendResult`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class BackendResult:
+    status: str  # "optimal", "feasible", "infeasible", "timeout" (no solution within the limit)
+    values: list[float] | None  # one value per program variable
+    objective_s: float | None  # the program's objective in seconds
+    bound_s: float | None  # best proven lower bound in seconds
+    wall_time_s: float
+
+
+def available() -> dict[str, bool]:
+    from . import cbc, cpsat
+    return {"cbc": cbc.available(), "cpsat": cpsat.available()}
+
+
+def get(name: str):
+    from . import cbc, cpsat
+    return {"cbc": cbc, "cpsat": cpsat}[name]

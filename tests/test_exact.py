@@ -1,0 +1,161 @@
+"""The exact planner against brute force, and the program's objective against the evaluator.
+
+The brute force shares nothing with the program but `evaluate()` (and the evaluator's own placement check):
+it enumerates every configuration, every layer partition and every rank-to-GPU map (node-level maps where
+the GPUs of each node are interchangeable, as the issue allows), scores each with `evaluate()` and keeps the
+fastest that fits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from formulation import InfeasibleError, InputError, evaluate, instance_from_dict
+from formulation.placement import Placement, check_placement
+from solvers import backends, solve
+from solvers.search import lower_bound
+from formulation.program import build_program
+from formulation.space import configurations
+
+AVAILABLE = backends.available()
+TIME_LIMIT_S = 120  # a safety net: every instance here is proven in seconds; a hit shows as status "timeout"
+BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
+            for name, ok in AVAILABLE.items()]
+
+
+def small_instance(seed: int) -> tuple[dict, bool]:
+    """A seeded small instance: 4 GPUs with an irregular GPU-pair matrix, or 2 x 4 GPUs (uniform inside each
+    node, so node-level maps suffice) with irregular node links; tight memory and odd layer counts for some."""
+    rng = random.Random(seed)
+    layers = rng.choice([3, 4, 5, 6, 7])
+    big = seed % 5 == 4
+    nodes, per_node = (2, 4) if big else rng.choice([(1, 4), (2, 2), (4, 1)])
+    names = [f"n{i}" for i in range(nodes)]
+    net = {"intra_node_gb_per_s": rng.choice([50.0, 150.0, 400.0]), "inter_node_gb_per_s": rng.choice([5.0, 12.0, 25.0])}
+    if not big:  # every GPU pair its own bandwidth
+        gpus = [f"{n}:{g}" for n in names for g in range(per_node)]
+        net["gpu_pairs"] = [{"gpus": [a, b], "gb_per_s": round(rng.uniform(2.0, 300.0), 1)}
+                            for a, b in itertools.combinations(gpus, 2) if rng.random() < 0.6]
+    else:
+        net["node_pairs"] = [{"nodes": ["n0", "n1"], "gb_per_s": round(rng.uniform(3.0, 30.0), 1)}]
+    hidden = rng.choice([512, 1024, 2048])
+    data = {
+        "name": f"exact{seed}",
+        "model": {"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": hidden * 3,
+                  "num_attention_heads": 8, "num_key_value_heads": rng.choice([2, 4, 8]), "vocab_size": 32000},
+        # 8-GPU instances get one recompute and one sharding choice so that brute force stays quick
+        "training": {"global_batch_size": rng.choice([4, 8]), "seq_length": rng.choice([512, 1024, 2048]),
+                     "recompute": rng.sample(["none", "selective", "full"], 1 if big else 2),
+                     "zero_stage": rng.sample([0, 1, 3], 1 if big else 2),
+                     "max_micro_batch_size": 1 if big else rng.choice([1, 2]), "context_parallel_sizes": [1, 2],
+                     "virtual_pipeline_sizes": [1, 2] if not big else [1]},
+        "cluster": {"gpu_types": {"h100-sxm-80gb": {}},
+                    "nodes": [{"name": n, "gpu_type": "h100-sxm-80gb", "gpus": per_node} for n in names],
+                    "network": net},
+    }
+    if seed % 3 == 0:  # tight memory: small GPUs so that some partitions and configurations do not fit
+        data["cluster"]["gpu_types"] = {"h100-sxm-80gb": {"memory_gib": 4.2 + hidden / 512, "runtime_overhead_gib": 1.0}}
+    return data, big
+
+
+def _compositions(total: int, parts: int, step: int):
+    if parts == 1:
+        if total >= step and total % step == 0:
+            yield (total,)
+        return
+    for first in range(step, total - step * (parts - 1) + 1, step):
+        for rest in _compositions(total - first, parts - 1, step):
+            yield (first,) + rest
+
+
+def _maps(world: int, nodes: int, per_node: int, node_level: bool):
+    if not node_level:
+        yield from itertools.permutations(range(world))
+        return
+    # which node each rank runs on (each node holds per_node ranks); GPUs inside a node taken in order
+    for labels in set(itertools.permutations([n for n in range(nodes) for _ in range(per_node)])):
+        used = [0] * nodes
+        gpus = []
+        for n in labels:
+            gpus.append(n * per_node + used[n])
+            used[n] += 1
+        yield tuple(gpus)
+
+
+def brute_force(instance, data, node_level: bool) -> float:
+    job = data["training"]
+    world = instance.cluster.num_gpus
+    nodes = len(instance.cluster.nodes)
+    per_node = instance.cluster.nodes[0].num_gpus
+    layers = instance.model.num_layers
+    best = float("inf")
+    maps = list(_maps(world, nodes, per_node, node_level))
+    for tp, pp, cp in itertools.product(range(1, world + 1), repeat=3):
+        if world % (tp * pp * cp) or cp not in job["context_parallel_sizes"] or tp > per_node:
+            continue
+        dp = world // (tp * pp * cp)
+        for mbs, vpp, recompute, zero in itertools.product(range(1, job["max_micro_batch_size"] + 1),
+                                                           job["virtual_pipeline_sizes"], job["recompute"],
+                                                           job["zero_stage"]):
+            for split in _compositions(layers, pp, vpp):
+                probe = Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, tuple(range(world)))
+                try:
+                    check_placement(instance, probe, "brute force")
+                except InputError:
+                    continue
+                for gpus in maps:
+                    est = evaluate(instance, Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, gpus),
+                                   check=False)
+                    if est.fits:
+                        best = min(best, est.iteration_time_s)
+    return best
+
+
+SEEDS = list(range(30))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_exact_search_equals_brute_force(seed):
+    data, node_level = small_instance(seed)
+    instance = instance_from_dict(data)
+    expected = brute_force(instance, data, node_level)
+    for name, ok in AVAILABLE.items():
+        if not ok:
+            continue
+        if expected == float("inf"):
+            with pytest.raises(InfeasibleError):
+                solve(instance, solver=name)
+            continue
+        result = solve(instance, solver=name, time_limit=TIME_LIMIT_S)
+        assert result.solver.status == "optimal", (name, result.solver)
+        assert result.estimate.iteration_time_s == pytest.approx(expected, rel=1e-6), name
+        assert result.estimate.fits
+        assert result.solver.bound_s <= result.estimate.iteration_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", [1, 2, 7, 9])
+def test_program_objective_equals_evaluator(backend, seed):
+    """Every configuration: the solved program's objective is the evaluator's time of the decoded placement,
+    and the cheap lower bound never exceeds it."""
+    data, _ = small_instance(seed)
+    instance = instance_from_dict(data)
+    solver = backends.get(backend)
+    checked = 0
+    for config in configurations(instance):
+        try:
+            program = build_program(instance, config)
+        except ValueError:
+            continue
+        out = solver.solve(program, time_limit_s=TIME_LIMIT_S)
+        assert out.status == "optimal", config
+        placement = program.decode(out.values)
+        est = evaluate(instance, placement)
+        assert est.fits
+        assert out.objective_s == pytest.approx(est.iteration_time_s, rel=1e-6), config
+        assert lower_bound(instance, config) <= est.iteration_time_s * (1 + 1e-9), config
+        checked += 1
+    assert checked >= 3
