@@ -1,7 +1,7 @@
 """The `solve` command.
 
-    solve --instance instances/h100_128.json [--output plan.json] [--top K]
-    solve --instance X --evaluate placement.json [--json]
+    solve --instance instances/h100_128.json [--output plan.json] [--top K] [--output-dir DIR] [--plot]
+    solve --instance X --evaluate placement.json [--json] [--output-dir DIR] [--plot]
     solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
     solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
 
@@ -29,8 +29,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     parser.add_argument("--output", metavar="PLAN.json", help="write the plan (placement, estimate, solver report)")
-    parser.add_argument("--solver", default="auto", choices=["auto", "baseline"],
-                        help="search method (default auto; exact CBC/CP-SAT backends are being added)")
+    parser.add_argument("--output-dir", metavar="DIR", help="write plan.json, Megatron-LM arguments, torchrun and Slurm "
+                                                            "launch scripts, torchtitan.toml, pictures and README.txt")
+    parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
+                                                            "--output-dir, else next to --output, else here)")
+    parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "cpsat", "baseline"],
+                        help="auto: exact search with CBC where the cluster is small enough to prove, else the best "
+                             "default placement with a proven lower bound (and says which); cbc / cpsat: exact "
+                             "search with that backend; baseline: Megatron-style defaults only, no bound")
     parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="wall-clock limit in seconds")
     parser.add_argument("--threads", type=int, default=1, help="solver threads")
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
@@ -74,7 +80,7 @@ def run(argv: list[str]) -> int:
             else:
                 print_tables(estimate_tables(instance, placement, estimate) + [gpu_grid_table(instance, placement)],
                              console)
-            return EXIT_OK
+            return _write_outputs(args, instance, _Evaluated(placement, estimate), console)
         result = _solve_with_progress(instance, args, solve)
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
@@ -85,36 +91,95 @@ def run(argv: list[str]) -> int:
         write_json_atomic(args.output, plan)
     if args.json:
         print(json.dumps(plan, indent=2))
-        return EXIT_OK
+        return _write_outputs(args, instance, result, console)
     print_tables(estimate_tables(instance, result.placement, result.estimate)
                  + [gpu_grid_table(instance, result.placement)], console)
     s = result.solver
     console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
                   f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
                   f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
-                  f"seed {s.seed}; {result.examined} configurations examined, {result.fitting} fit")
+                  f"seed {s.seed}")
+    if s.note:
+        console.print(f"  ({s.note})")
+    _print_default_comparison(instance, result, console)
     for rank, (p, e) in enumerate(result.alternatives, start=2):
         console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
                       f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
     if args.output:
         console.print(f"plan written to {args.output}")
+    return _write_outputs(args, instance, result, console)
+
+
+def _print_default_comparison(instance, result, console) -> None:
+    """The plan against the fastest Megatron-style default placement, and the share of the gain that the
+    GPU assignment alone brings (the plan's configuration and partition with ranks filled node by node)."""
+    if not result.default:
+        return
+    import dataclasses
+
+    from formulation import evaluate
+
+    default_s = result.default[1].iteration_time_s
+    plan_s = result.estimate.iteration_time_s
+    filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
+    filled_s = evaluate(instance, filled, check=False).iteration_time_s
+    gain = default_s - plan_s
+    share = f"; the GPU assignment alone brings {100 * (filled_s - plan_s) / gain:.0f} % of it" if gain > 0 else ""
+    console.print(f"Megatron-style default (best over configurations): {default_s:.4f} s; this plan "
+                  f"{plan_s:.4f} s, {default_s / plan_s:.3f}x{share}")
+
+
+class _Evaluated:
+    """A scored placement in the shape `export_plan` takes (placement, estimate, to_dict) when no solver ran."""
+
+    def __init__(self, placement, estimate):
+        self.placement, self.estimate = placement, estimate
+
+    def to_dict(self, cluster) -> dict:
+        return {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()}
+
+
+def _write_outputs(args, instance, plan, console) -> int:
+    """--output-dir (launch files and pictures) and --plot; the paths go to the console (stderr with --json)."""
+    if not (args.output_dir or args.plot):
+        return EXIT_OK
+    from pathlib import Path
+
+    target = args.output_dir or (str(Path(args.output).parent) if args.output else ".")
+    try:
+        if args.output_dir:
+            from .export import export_plan
+            written = export_plan(instance, plan, args.output_dir, pictures=True)
+        else:
+            from .plots import write_pictures
+            written = write_pictures(instance, plan.placement, plan.estimate, target)
+    except OSError as exc:
+        return _fail(EXIT_BAD_INPUT, f"error: {target}: cannot write: {exc.strerror or exc}")
+    for path in written.values():
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
 def _solve_with_progress(instance, args, solve):
     """Run the search, with a progress bar on an interactive terminal unless --quiet."""
-    kwargs = dict(solver="baseline" if args.solver == "auto" else args.solver, time_limit=args.time_limit,
-                  threads=args.threads, seed=args.seed, top=args.top)
+    kwargs = dict(solver=args.solver, time_limit=args.time_limit, threads=args.threads, seed=args.seed,
+                  top=args.top)
     if args.quiet or not sys.stderr.isatty():
         return solve(instance, **kwargs)
     from rich.progress import Progress
 
-    from formulation.space import configurations
-
-    total = sum(1 for _ in configurations(instance))
     with Progress(transient=True) as bar:
-        task = bar.add_task("configurations examined", total=total)
-        return solve(instance, progress=lambda: bar.advance(task), **kwargs)
+        task = bar.add_task("searching configurations", total=None)
+
+        def progress(examined=None, total=None, incumbent=None, bound=None):
+            if examined is None:  # the baseline sweep: one tick per configuration
+                bar.advance(task)
+                return
+            bar.update(task, completed=examined, total=total,
+                       description=f"solved {examined} of {total} configurations, incumbent {incumbent:.4f} s, "
+                                   f"bound {bound:.4f} s")
+
+        return solve(instance, progress=progress, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> None:

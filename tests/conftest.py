@@ -94,3 +94,17 @@ def instance_file(tmp_path):
         return write_instance(tmp_path, data if data is not None else small_instance_dict(), name)
 
     return write
+
+
+@pytest.fixture(scope="session")
+def h100():
+    """The shipped 128-GPU instance, loaded once for the whole run."""
+    from formulation import load_instance
+    return load_instance(H100_128)
+
+
+@pytest.fixture(scope="session")
+def plan(h100):
+    """`solve` of h100_128 (a few seconds), shared by the export and picture tests."""
+    from solvers import solve
+    return solve(h100)

@@ -1,0 +1,272 @@
+"""Launch outputs: Megatron-LM arguments, the torchrun and Slurm rank orders, the group self-check, torchtitan,
+and `solve --output-dir`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import subprocess
+import tomllib
+
+import pytest
+
+from conftest import H100_128, build_instance, run_solve, small_instance_dict
+from formulation import default_placement, evaluate
+from solvers.export import (export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout,
+                            torchtitan_toml)
+from solvers.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups, slurm_launch,
+                            torchrun_launch)
+
+SPLIT_FLAGS = {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+               "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
+               "--pipeline-model-parallel-layout"}
+EXPORTED = {"plan.json", "megatron_args.sh", "launch_torchrun.sh", "launch_slurm.sh", "hostfile", "torchtitan.toml",
+            "README.txt", "schedule.png", "memory.png", "cluster.png", "report.html"}
+
+
+def _args(instance, placement) -> dict:
+    flags, _, _ = megatron_arguments(instance, placement)
+    return {flag: value for flag, value in flags}
+
+
+def _permuted_within_nodes(instance, placement):
+    """Every node's GPUs in reverse local order: same nodes per rank, a different GPU per rank."""
+    cluster = instance.cluster
+    flip = [int(cluster.node_offset[cluster.gpu_node[g]] + cluster.nodes[cluster.gpu_node[g]].num_gpus - 1
+                - cluster.gpu_local[g]) for g in placement.gpus]
+    return dataclasses.replace(placement, gpus=tuple(flip))
+
+
+# ---- Megatron's group construction ----------------------------------------------------------------------
+
+def test_rank_groups_match_megatrons_documented_example():
+    # initialize_model_parallel's docstring: 16 GPUs, tp=2, pp=4 (dp=2)
+    groups = megatron_rank_groups(tp=2, cp=1, dp=2, pp=4)
+    assert groups["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
+    assert groups["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert groups["pp"] == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    # context parallelism: cp sits between tp and dp, and dp-cp joins them (docstring of context_parallel_size)
+    cp = megatron_rank_groups(tp=4, cp=2, dp=1, pp=1)
+    assert cp["cp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert cp["dp-cp"] == cp["cp"]
+
+
+# ---- realising the plan ---------------------------------------------------------------------------------
+
+def test_h100_plan_realised_by_torchrun_and_slurm(h100, plan):
+    p = plan.placement
+    torchrun = torchrun_launch(h100, p)
+    assert torchrun is not None and torchrun.nproc_per_node == 8 and len(torchrun.nodes) == 16
+    slurm = slurm_launch(h100, p)
+    for launch in (torchrun, slurm):
+        assert launch.realise(h100.cluster) == list(p.gpus)
+        check_groups(h100, p, launch)
+
+
+def test_permutation_within_nodes_sets_cuda_visible_devices(h100, plan):
+    p = _permuted_within_nodes(h100, plan.placement)
+    torchrun = torchrun_launch(h100, p)
+    assert torchrun is not None
+    assert all(node.visible_devices == (7, 6, 5, 4, 3, 2, 1, 0) for node in torchrun.nodes)
+    for launch in (torchrun, slurm_launch(h100, p)):
+        assert launch.realise(h100.cluster) == list(p.gpus)
+        check_groups(h100, p, launch)
+
+
+@pytest.fixture
+def split_nodes():
+    """2 nodes x 4 GPUs, tp=2 pp=2 dp=2, each node hosting one tp pair of every stage: node n0 holds ranks
+    0, 1, 4, 5 (two blocks), which torchrun cannot express."""
+    instance = build_instance(small_instance_dict(num_nodes=2, gpus_per_node=4))
+    base = default_placement(instance, tp=2, pp=2, dp=2)
+    order = [0, 1, 4, 5, 2, 3, 6, 7]  # rank r runs on GPU order[r]
+    return instance, dataclasses.replace(base, gpus=tuple(order))
+
+
+def test_plan_torchrun_cannot_express_goes_through_slurm(split_nodes, tmp_path):
+    instance, p = split_nodes
+    assert torchrun_launch(instance, p) is None
+    slurm = slurm_launch(instance, p)
+    assert slurm.hostfile == ("n0", "n0", "n1", "n1", "n0", "n0", "n1", "n1")
+    assert slurm.local_rank == (0, 1, 0, 1, 2, 3, 2, 3)
+    assert slurm.visible_devices == {"n0": (0, 1, 2, 3), "n1": (0, 1, 2, 3)}
+    check_groups(instance, p, slurm)
+    plan = _Scored(p, evaluate(instance, p))
+    written = export_plan(instance, plan, tmp_path)
+    assert "launch_torchrun.sh" not in written and (tmp_path / "hostfile").read_text().split() == list(slurm.hostfile)
+    assert "torchrun cannot express" in (tmp_path / "README.txt").read_text()
+
+
+class _Scored:
+    def __init__(self, placement, estimate):
+        self.placement, self.estimate = placement, estimate
+
+    def to_dict(self, cluster):
+        return {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()}
+
+
+def test_wrong_launch_orders_fail_the_check(h100, plan):
+    p = plan.placement
+    # launch scripts written for a placement with ranks 0 and tp exchanged (they sit in different tp groups)
+    gpus = list(p.gpus)
+    gpus[0], gpus[p.tp] = gpus[p.tp], gpus[0]
+    with pytest.raises(LaunchMismatch, match="tp group" if p.tp > 1 else "group"):
+        check_groups(h100, p, slurm_launch(h100, dataclasses.replace(p, gpus=tuple(gpus))))
+    # torchrun: any two nodes exchanging their node ranks move whole rank blocks to the wrong machines
+    good = torchrun_launch(h100, p)
+    for j in range(1, len(good.nodes)) if good is not None else ():
+        nodes = list(good.nodes)
+        nodes[0] = dataclasses.replace(good.nodes[0], node_rank=good.nodes[j].node_rank)
+        nodes[j] = dataclasses.replace(good.nodes[j], node_rank=good.nodes[0].node_rank)
+        with pytest.raises(LaunchMismatch):
+            check_groups(h100, p, TorchrunLaunch(good.nproc_per_node, tuple(nodes)))
+    # Slurm: two hostfile lines exchanged disagree with the wrapper's per-rank table
+    slurm = slurm_launch(h100, p)
+    other = next(r for r, host in enumerate(slurm.hostfile) if host != slurm.hostfile[0])
+    hosts = list(slurm.hostfile)
+    hosts[0], hosts[other] = hosts[other], hosts[0]
+    with pytest.raises(LaunchMismatch, match="rank 0 is placed on"):
+        check_groups(h100, p, dataclasses.replace(slurm, hostfile=tuple(hosts)))
+
+
+def test_wrong_launch_orders_name_the_broken_group():
+    """2 nodes x 4 GPUs, tp=2 pp=2 dp=2, default map: node n0 is stage 0, node n1 stage 1."""
+    instance = build_instance(small_instance_dict(num_nodes=2, gpus_per_node=4))
+    p = default_placement(instance, tp=2, pp=2, dp=2)
+    good = torchrun_launch(instance, p)
+    check_groups(instance, p, good)
+    n0, n1 = good.nodes
+    # GPUs 1 and 2 of n0 exchanged: tensor-parallel pairs {0, 2} and {1, 3} instead of {0, 1} and {2, 3}
+    with pytest.raises(LaunchMismatch, match="tp group of ranks"):
+        check_groups(instance, p, TorchrunLaunch(4, (dataclasses.replace(n0, visible_devices=(0, 2, 1, 3)), n1)))
+    # the nodes exchanged: every tp and dp group still exists, but stage 0 now runs on n1
+    with pytest.raises(LaunchMismatch, match="pp group of ranks"):
+        check_groups(instance, p, TorchrunLaunch(4, (dataclasses.replace(n0, node_rank=1),
+                                                     dataclasses.replace(n1, node_rank=0))))
+
+
+# ---- Megatron-LM and torchtitan arguments ---------------------------------------------------------------
+
+def test_megatron_arguments_of_the_h100_plan(h100, plan):
+    p = plan.placement
+    args = _args(h100, p)
+    assert args["--tensor-model-parallel-size"] == p.tp and args["--pipeline-model-parallel-size"] == p.pp
+    assert args["--context-parallel-size"] == p.cp and args["--micro-batch-size"] == p.micro_batch_size
+    assert args["--global-batch-size"] == 512 and args["--seq-length"] == 8192 and args["--num-layers"] == 80
+    if p.vpp > 1 and len(set(p.layers_per_stage)) == 1:
+        assert args["--num-layers-per-virtual-pipeline-stage"] == p.layers_per_stage[0] // p.vpp
+    assert ("--sequence-parallel" in args) == (p.tp > 1)
+    assert ("--use-distributed-optimizer" in args) == (p.zero_stage == 1)
+    assert args["--num-query-groups"] == 8 and "--swiglu" in args
+
+
+@pytest.mark.parametrize("layers, vpp, expected", [
+    ((19, 21, 21, 19), 1, {"--decoder-first-pipeline-num-layers": 19, "--decoder-last-pipeline-num-layers": 19}),
+    ((20, 20, 20, 20), 1, {}),
+    ((22, 20, 20, 18), 2, {"--decoder-first-pipeline-num-layers": 22, "--decoder-last-pipeline-num-layers": 18,
+                           "--num-virtual-stages-per-pipeline-rank": 2}),
+    ((20, 20, 20, 20), 5, {"--num-layers-per-virtual-pipeline-stage": 4}),
+])
+def test_layer_split_flags(h100, plan, layers, vpp, expected):
+    p = dataclasses.replace(plan.placement, pp=4, vpp=vpp, layers_per_stage=layers)
+    args = _args(h100, p)
+    assert {k: v for k, v in args.items() if k in SPLIT_FLAGS} == expected
+
+
+@pytest.mark.parametrize("layers, vpp", [((16, 22, 24, 18), 1), ((16, 22, 24, 18), 2), ((2, 2, 4, 72), 2)])
+def test_uneven_split_uses_the_layout_flag(h100, plan, layers, vpp):
+    p = dataclasses.replace(plan.placement, pp=4, vpp=vpp, layers_per_stage=layers)
+    layout = _args(h100, p)["--pipeline-model-parallel-layout"]
+    assert layout.startswith("E") and layout.endswith("L")
+    parsed = parse_pipeline_layout(layout, 4)
+    assert parsed == [[n // vpp] * vpp for n in layers]
+
+
+def test_layout_string_folds_repeats():
+    assert pipeline_layout((3, 2, 2, 2, 3), 1) == "Et*3|(t*2|)*3t*3L"
+    assert parse_pipeline_layout("Et*3|(t*2|)*3t*3L", 5) == [[3], [2], [2], [2], [3]]
+
+
+def test_zero3_and_torchtitan(h100, plan):
+    p = dataclasses.replace(plan.placement, zero_stage=3)
+    args = _args(h100, p)
+    assert "--use-megatron-fsdp" in args and args["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    shard = tomllib.loads(torchtitan_toml(h100, _Scored(p, plan.estimate)))
+    assert shard["parallelism"]["data_parallel_shard_degree"] == p.dp
+    toml = tomllib.loads(torchtitan_toml(h100, plan))
+    par, q = toml["parallelism"], plan.placement
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]) == (
+        q.tp, q.pp, q.cp)
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == q.dp
+    assert toml["training"]["global_batch_size"] == 512 and toml["training"]["seq_len"] == 8192
+    if q.zero_stage == 1:  # replicated Adam state for 70B on 32 GPUs per replica does not fit: FSDP instead
+        assert par["data_parallel_shard_degree"] == q.dp and par["fsdp_reshard_after_forward"] == "never"
+    if q.pp > 1:
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) == q.pp * q.vpp and parts[0][0] == "tok_embeddings" and parts[-1][-1] == "output"
+        assert sum(name.startswith("layers.") for part in parts for name in part) == 80
+
+
+def test_torchtitan_replicates_when_the_optimizer_state_fits(split_nodes):
+    instance, p = split_nodes
+    p = dataclasses.replace(p, zero_stage=1)
+    toml = tomllib.loads(torchtitan_toml(instance, _Scored(p, evaluate(instance, p))))
+    assert toml["parallelism"]["data_parallel_replicate_degree"] == p.dp
+    assert toml["parallelism"]["data_parallel_shard_degree"] == 1
+
+
+# ---- the written files, end to end ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def output_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("launch")
+    result = run_solve("--instance", H100_128, "--output-dir", out, "--quiet")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_solve_output_dir_writes_every_file(output_dir, plan, h100):
+    expected = EXPORTED if torchrun_launch(h100, plan.placement) else EXPORTED - {"launch_torchrun.sh"}
+    assert expected <= {path.name for path in output_dir.iterdir()}
+    assert len((output_dir / "hostfile").read_text().split()) == plan.placement.world_size
+    assert all((output_dir / name).stat().st_size > 0 for name in expected)
+    assert os.access(output_dir / "launch_slurm.sh", os.X_OK)
+    assert "Group self-check passed" in (output_dir / "README.txt").read_text()
+
+
+def _fake_tools(tmp_path, host: str) -> dict:
+    """`torchrun`, `python` and `hostname` stand-ins that print what they would have started."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("torchrun", "python"):
+        (bin_dir / tool).write_text('#!/bin/sh\necho "CVD=$CUDA_VISIBLE_DEVICES RANK=$RANK LOCAL_RANK=$LOCAL_RANK '
+                                    f'{tool} $*"\n')
+    (bin_dir / "hostname").write_text(f"#!/bin/sh\necho {host}\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_launch_scripts_start_the_right_ranks(output_dir, plan, h100, tmp_path):
+    p = plan.placement
+    torchrun = torchrun_launch(h100, p)
+    if torchrun is not None:
+        node = torchrun.nodes[min(3, len(torchrun.nodes) - 1)]
+        env = _fake_tools(tmp_path, node.host)
+        out = subprocess.run(["bash", output_dir / "launch_torchrun.sh"], env=env, capture_output=True, text=True,
+                             check=True).stdout
+        assert f"CVD={','.join(map(str, node.visible_devices))}" in out and f"--node-rank={node.node_rank}" in out
+        assert f"--tensor-model-parallel-size {p.tp}" in out
+    rank = min(13, p.world_size - 1)
+    host = h100.cluster.nodes[h100.cluster.gpu_node[p.gpus[rank]]].name
+    env = {**_fake_tools(tmp_path / "slurm", host), "SLURM_PROCID": str(rank)}
+    out = subprocess.run(["bash", output_dir / "launch_slurm.sh", "--rank", "--extra"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    slurm = slurm_launch(h100, p)
+    assert f"CVD={','.join(map(str, slurm.visible_devices[host]))} RANK={rank} " \
+           f"LOCAL_RANK={slurm.local_rank[rank]} python pretrain_gpt.py" in out and out.rstrip().endswith("--extra")
+    args = shlex.split(out.split("pretrain_gpt.py", 1)[1])
+    assert args[args.index("--pipeline-model-parallel-size") + 1] == str(p.pp)
