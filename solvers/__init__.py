@@ -75,13 +75,14 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
         return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                           alternatives=[(r.placement, r.estimate) for r in result.best[1:]],
                           examined=result.examined, fitting=result.fitting, default=(best.placement, best.estimate))
-    exact = True
     if solver == "auto":
-        available = backends.available()
         # CP-SAT closes these programs several times faster than CBC (tests/test_exact.py instances:
         # 2.6 s vs 14 s on the slowest); CBC when OR-Tools is missing
-        solver = "cpsat" if available["cpsat"] else "cbc"
-        exact = exact_is_tractable(instance)
+        solver = "cpsat" if backends.available()["cpsat"] else "cbc"
+    # Beyond the exact program's reach the chosen backend solves the partition programs of the bound-only
+    # search instead (solvers/partition.py): asking for a backend never means waiting for a program that
+    # cannot finish.
+    exact = exact_is_tractable(instance)
     if solver not in ("cbc", "cpsat"):
         raise ValueError(f"unknown solver {solver!r}; expected auto, cbc, cpsat or baseline")
     found = search(instance, solver=solver, time_limit_s=time_limit, threads=threads, seed=seed, top=max(1, top),
@@ -94,11 +95,18 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
         note = (f"{found.examined} configurations solved exactly or tried, {found.pruned} pruned by bound, "
                 f"{found.infeasible} do not fit")
     else:
-        method = "bound-only"
+        method = f"bound-only-{solver}"
         note = (f"{instance.cluster.num_gpus} GPUs x {len(instance.cluster.uniform_classes())} GPU classes exceeds "
                 f"the exact program's reach ({MAX_EXACT_SIZE}): default GPU maps with exactly optimised layer "
                 f"partitions for the {found.examined} most promising of {found.candidates} configurations that "
                 f"fit, and the global lower bound of all of them")
+    if found.stopped == "interrupted":
+        note += "; interrupted (Ctrl-C): the best plan so far, the bound proven so far"
+    elif found.stopped == "time limit":
+        note += f"; stopped by the time limit ({time_limit:g} s)"
+    if found.errors:
+        note += (f"; {len(found.errors)} solver failure(s), those configurations kept their cheap bound: "
+                 f"{found.errors[0]}")
     report = SolverReport(method=method, status=found.status, objective_s=objective,
                           bound_s=found.bound_s, gap=max(0.0, gap), wall_time_s=time.perf_counter() - start,
                           seed=seed, note=note)

@@ -5,8 +5,10 @@
     solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
     solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
 
-Exit codes: 0 a plan (or estimate) was produced; 1 no feasible plan (the reason names the smallest
-shortfall); 2 bad input (one line naming file, field and expectation).
+Exit codes: 0 a plan (or estimate) was produced (also when --time-limit or Ctrl-C stopped the search early:
+the best plan so far, status "timeout", the bound proven so far); 1 no feasible plan (the reason names the
+smallest shortfall) or no plan at all within --time-limit; 2 bad input (one line naming file, field and
+expectation); 3 internal error; 130 interrupted before any plan existed.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
                                                             "--output-dir, else next to --output, else here)")
     parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "cpsat", "baseline"],
-                        help="auto: exact search with CBC where the cluster is small enough to prove, else the best "
-                             "default placement with a proven lower bound (and says which); cbc / cpsat: exact "
-                             "search with that backend; baseline: Megatron-style defaults only, no bound")
+                        help="auto: CP-SAT (CBC without OR-Tools); cbc / cpsat: that backend. Either way the exact "
+                             "program where the cluster is small enough to prove (ranks x GPU classes <= 256), else "
+                             "the bound-only search (default GPU maps, partitions solved exactly, proven global lower "
+                             "bound), and the report says which; baseline: Megatron-style defaults only, no bound")
     parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="wall-clock limit in seconds")
     parser.add_argument("--threads", type=int, default=1, help="solver threads")
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
@@ -57,6 +60,7 @@ def run(argv: list[str]) -> int:
     from formulation.placement import load_placement
 
     from . import solve, write_json_atomic
+    from .search import NoPlanInTime
     from .report import estimate_tables, gpu_grid_table, print_tables
 
     if argv and argv[0] in ("validate", "calibrate"):
@@ -86,6 +90,8 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     except InfeasibleError as exc:
         return _fail(EXIT_INFEASIBLE, f"infeasible: {exc}")
+    except NoPlanInTime as exc:
+        return _fail(EXIT_INFEASIBLE, f"timeout: {exc}")
     plan = result.to_dict(instance.cluster)
     if args.output:
         write_json_atomic(args.output, plan)

@@ -20,8 +20,10 @@ from formulation.mip import Program
 from . import backends
 
 
-def best_partition(instance, placement: Placement, solver: str = "cpsat") -> Placement | None:
-    """`placement` with the partition that minimises the evaluator's time for its map (None if none fits)."""
+def best_partition(instance, placement: Placement, solver: str = "cpsat", time_limit_s: float = 30.0
+                   ) -> Placement | None:
+    """`placement` with the partition that minimises the evaluator's time for its map (None if none fits,
+    or if the backend finds no solution within the limit)."""
     L, pp, vpp = instance.model.num_layers, placement.pp, placement.vpp
     counts = [q for q in range(vpp, L - vpp * (pp - 1) + 1, vpp)]
     table = {}
@@ -55,7 +57,7 @@ def best_partition(instance, placement: Placement, solver: str = "cpsat") -> Pla
     prog.objective_constant = vpp * (chain + overhead) / unit
     prog.objective_divisor = vpp
     prog.tighten_upper_bounds()
-    out = backends.get(solver).solve(prog, time_limit_s=30)
+    out = backends.get(solver).solve(prog, time_limit_s=max(0.05, time_limit_s))
     if out.values is None:
         return None
     layers = tuple(next(q for (j, q), v in lam.items() if j == i and out.values[v] > 0.5) for i in range(pp))

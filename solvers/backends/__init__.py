@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 @dataclass
 class BackendResult:
-    status: str  # "optimal", "feasible", "infeasible", "timeout" (no solution within the limit)
+    status: str  # "optimal", "feasible", "infeasible", "timeout" (no solution within the limit), "error"
     values: list[float] | None  # one value per program variable
     objective_s: float | None  # the program's objective in seconds
     bound_s: float | None  # best proven lower bound in seconds
     wall_time_s: float
+    message: str = ""  # what went wrong, for status "error" (solver missing, killed, model rejected)
 
 
 def available() -> dict[str, bool]:

@@ -30,7 +30,11 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
     options = [f"randomSeed {seed % (2 ** 31 - 1) + 1}", "randomCbcSeed 1"]
     solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, threads=threads, options=options,
                                gapRel=1e-9, gapAbs=0)
-    lp.solve(solver)
+    try:
+        lp.solve(solver)
+    except (pulp.PulpSolverError, OSError) as exc:  # binary missing, not executable, killed without output
+        return BackendResult("error", None, None, None, time.perf_counter() - start,
+                             f"CBC failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}")
     scale = program.time_unit_s / program.objective_divisor
     status = pulp.LpStatus[lp.status]
     have = lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)

@@ -86,5 +86,9 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
         bound = solver.BestObjectiveBound() * unit + constant
         status = "optimal" if code == cp_model.OPTIMAL else "feasible"
         return BackendResult(status, values, objective, bound, time.perf_counter() - start)
+    if code == cp_model.MODEL_INVALID:
+        return BackendResult("error", None, None, None, time.perf_counter() - start,
+                             f"CP-SAT rejected the model: {model.Validate() or 'MODEL_INVALID'}")
+    # UNKNOWN: no solution and no proof within the limit
     status = "infeasible" if code == cp_model.INFEASIBLE else "timeout"
     return BackendResult(status, None, None, None, time.perf_counter() - start)

@@ -1,0 +1,353 @@
+"""Lower bounds on a configuration's iteration time, valid for every layer partition and every GPU map.
+
+(B1) `fast_bound`: the stage composition of formulation/stage.py with every group at its best shape over
+the fastest links anywhere in the cluster.
+
+(B2) `cut_bound`: every GPU of the cluster holds a rank, and the tp, cp and dp groups together with the
+pipeline's stage-to-stage pairs connect all ranks. So for any cut of the nodes into two sides, some group
+(or some pipeline pair) has members on both sides, and its slowest inter-node pair is no faster than the
+fastest link across the cut. The strongest such cut is found from a maximum spanning tree of the node graph
+(edge = fastest GPU pair between two nodes): removing its weakest edge splits the nodes so that no link
+across is faster than that edge. The bound is the smallest over which group crosses (tp, cp, dp or a pipeline
+boundary) and which stage holds it of (B1) with that one group forced across the cut; for dp the stage's
+layer count is chosen jointly with the pipeline (fewer layers shrink the gradient message but load the other
+stages). On h100_128 this is what makes the node with the half-speed NIC count.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from formulation import cost
+from formulation.cost import GroupLinks
+from formulation.memory import memory_coefficients
+from formulation.placement import even_split
+from formulation.space import Config, partition_fits, placement_for
+from formulation.stage import dp_sync_parts, layer_time, stage_constants
+
+INF = float("inf")
+
+
+def cluster_extremes(cluster) -> tuple[float, float]:
+    """Fastest intra-node and inter-node GPU-pair bandwidth anywhere in the cluster (INF: no such pair)."""
+    intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for m in cluster.intra_gb_per_s if m.shape[0] > 1),
+                default=INF)
+    inter = INF
+    if len(cluster.nodes) > 1:
+        B = cluster.inter_gb_per_s
+        inter = float(B[~np.eye(B.shape[0], dtype=bool)].max())
+        if cluster.gpu_pair_gb_per_s:
+            inter = max(inter, max(cluster.gpu_pair_gb_per_s.values()))
+    return intra, inter
+
+
+def weakest_cuts(cluster, limit: int = 3) -> list[tuple[float, int]]:
+    """Cuts of the nodes with no GPU pair across faster than a bandwidth: (bandwidth, GPUs on one side).
+
+    Every edge of a maximum spanning tree of the node graph (edge = fastest GPU pair between two nodes)
+    defines one: removing it splits the tree, and no link across is faster than the edge (else the tree
+    would not be maximum). The `limit` weakest edges give the strongest cuts. Prim, O(N^2); [] for one node.
+    """
+    n = len(cluster.nodes)
+    if n < 2:
+        return []
+    W = np.array(cluster.inter_gb_per_s, dtype=float)
+    for (a, b), value in cluster.gpu_pair_gb_per_s.items():
+        i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
+        W[i, j] = W[j, i] = max(W[i, j], value)
+    np.fill_diagonal(W, -INF)
+    in_tree = np.zeros(n, dtype=bool)
+    in_tree[0] = True
+    reach, via = W[0].copy(), np.zeros(n, dtype=int)
+    edges = []
+    for _ in range(n - 1):
+        reach[in_tree] = -INF
+        j = int(np.argmax(reach))
+        edges.append((float(reach[j]), int(via[j]), j))
+        in_tree[j] = True
+        closer = W[j] > reach
+        reach[closer], via[closer] = W[j][closer], j
+    children: dict[int, list[int]] = {}
+    for _, parent, child in edges:
+        children.setdefault(parent, []).append(child)
+    gpus = [node.num_gpus for node in cluster.nodes]
+    cuts = []
+    for weight, _, child in sorted(edges)[:limit]:
+        side, stack = 0, [child]  # the subtree below the edge
+        while stack:
+            v = stack.pop()
+            side += gpus[v]
+            stack.extend(children.get(v, []))
+        cuts.append((weight, side))
+    return cuts
+
+
+def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, per_node_cap: int,
+                    min_nodes: int = 1) -> float:
+    """The smallest time any placement of a group of `size` can have over every shape (nodes spanned,
+    fewest members per node) with at least `min_nodes` nodes, at the given links."""
+    if size <= 1:
+        return 0.0 if min_nodes <= 1 else INF
+    best = INF
+    for N in range(max(1, min_nodes), min(size, max_nodes) + 1):
+        if N * per_node_cap < size:  # the nodes cannot hold the group
+            continue
+        for k in ([size] if N == 1 else range(1, size // N + 1)):
+            if k > per_node_cap:
+                continue
+            best = min(best, fn(GroupLinks(size, intra, inter, N, k)))
+    return best
+
+
+def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], layers: int, step: int,
+                        fixed: dict[int, int] | None = None) -> float:
+    """The smallest possible max_i (l_i u_i + extra_i) over partitions with l_i <= cap_i (memory), l_i a positive
+    multiple of `step`, sum l_i = layers, and l_i = fixed[i] where given. INF if no partition exists.
+
+    The most layers the stages can hold at a level grows with the level, so the answer is the smallest
+    candidate level (some stage exactly at q u_i + extra_i) at which they hold all layers: binary search."""
+    fixed = fixed or {}
+    P = len(us)
+    if sum(fixed.get(i, step) for i in range(P)) > layers or any(fixed.get(i, step) > caps[i] for i in range(P)):
+        return INF
+    if any(f % step for f in fixed.values()):
+        return INF
+    levels = sorted({q * us[i] + extras[i] for i in range(P)
+                     for q in ([fixed[i]] if i in fixed else range(step, layers + 1, step))})
+
+    def holds(level: float) -> bool:
+        room = 0
+        for i in range(P):
+            if i in fixed:
+                if fixed[i] * us[i] + extras[i] > level * (1 + 1e-12):
+                    return False
+                room += fixed[i]
+                continue
+            fit = min(caps[i], int((level - extras[i]) / us[i] + 1e-9)) if us[i] > 0 else caps[i]
+            fit = fit // step * step
+            if fit < step:
+                return False
+            room += fit
+        return room >= layers
+
+    at = bisect.bisect_left(range(len(levels)), True, key=lambda idx: holds(levels[idx]))
+    return levels[at] if at < len(levels) else INF
+
+
+@dataclass
+class _Parts:
+    """The pieces of (B1) for one configuration, and what (B2) needs to redo them with one slow group."""
+
+    instance: object
+    config: Config
+    placement: object
+    gpu_type: object
+    intra: float
+    inter: float
+    max_nodes: int
+    per_node_cap: int
+    caps: list[int]
+    extras: list[float]
+    m: int
+    tp: float
+    cp: float
+    ag: float
+    rs: float
+    u: float
+    c_min: float
+    rounds: int
+    optimizer: float
+
+    def unit(self, tp: float, cp: float, ag: float, rs: float) -> float:
+        lt = layer_time(stage_constants(self.instance, self.placement, 0, self.gpu_type),
+                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs)
+        return lt.forward + lt.backward
+
+    def pipeline(self, us: list[float], fixed: dict[int, int] | None = None) -> float:
+        """(C9) m M + (S - M) / vpp grows with M and S: M the least slowest stage, S the least stage sum."""
+        L, v = self.instance.model.num_layers, self.config.vpp
+        M = least_slowest_stage(us, self.extras, self.caps, L, v, fixed)
+        if M == INF:
+            return INF
+        u_min = min(us)
+        least = {i: (fixed or {}).get(i, v) for i in range(len(us))}
+        S = u_min * L + sum(self.extras) + sum((us[i] - u_min) * least[i] for i in range(len(us)))
+        return self.m * M + (max(S, M) - M) / v
+
+    def chain(self, slow_extra: float = 0.0) -> float:
+        """(C10) every boundary at the fastest pair; `slow_extra` is one boundary's excess over that."""
+        P, v = self.config.pp, self.config.vpp
+        if P == 1:
+            return 0.0
+        return self.rounds * 2 * ((v * (P - 1) + (v - 1)) * self.c_min + v * slow_extra)
+
+    def dp_exposure(self, stage: int, layers: int, inter: float, min_nodes: int, per_node_cap: int | None = None
+                    ) -> float:
+        """(C11) smallest exposed dp sync of `stage` holding `layers`, over group shapes at these links with at
+        most `per_node_cap` members on a node."""
+        n = self.config.dp * self.config.cp
+        if n == 1 or self.config.zero_stage >= 3:
+            return 0.0
+        cluster = self.instance.cluster
+        k = stage_constants(self.instance, self.placement, stage, self.gpu_type)
+        total = 0.0
+        for kind, message, overlapped, window in dp_sync_parts(self.instance, self.placement, k, layers):
+            def one(lk, kind=kind, message=message):
+                return cost.collective_time(kind, message, lk, cluster)
+
+            t = best_group_time(one, n, self.intra, inter, self.max_nodes, per_node_cap or self.per_node_cap, min_nodes)
+            total += max(0.0, t - window) if overlapped else t
+        return total
+
+    def dp_floor(self) -> float:
+        """delta >= E_i for every stage i, each at its smallest exposure over the layer counts memory allows."""
+        best = 0.0
+        for i in range(self.config.pp):
+            counts = range(self.config.vpp, max(self.caps[i], 0) + 1, self.config.vpp)
+            exposures = [self.dp_exposure(i, q, self.inter, 1) for q in counts]
+            if exposures:
+                best = max(best, min(exposures))
+        return best
+
+
+def _parts(instance, config: Config) -> _Parts:
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    p = placement_for(config, even_split(model.num_layers, config.pp), range(cluster.num_gpus))
+    gpu_type = min(cluster.gpu_types.values(), key=lambda g: cost.layer_compute(model, job, p, g).forward)
+    intra, inter = cluster_extremes(cluster)
+    max_nodes, cap = len(cluster.nodes), max(n.num_gpus for n in cluster.nodes)
+    first = stage_constants(instance, p, 0, gpu_type)
+    last = stage_constants(instance, p, config.pp - 1, gpu_type)
+    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    tp = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, intra, inter,
+                         max_nodes, cap)
+    cp = 0.0
+    if config.cp > 1:
+        best_bw = max(intra, inter) if intra != INF else inter
+        cp = cost.cp_layer_comm(model, job, p, best_bw, config.cp <= cap, cluster)
+    ag = rs = 0.0
+    if config.zero_stage >= 3:
+        n = config.dp * config.cp
+        ag = best_group_time(lambda lk: cost.collective_time("all_gather", first.layer_params * w_bytes, lk, cluster),
+                             n, intra, inter, max_nodes, cap)
+        rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
+                                                             cluster), n, intra, inter, max_nodes, cap)
+    lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs)
+    P, v = config.pp, config.vpp
+    m = job.global_batch_size // (config.micro_batch_size * config.dp)
+    caps = partition_fits(instance, config, max(cluster.gpu_types.values(), key=lambda g: g.memory_gib))[1]
+    c_min, rounds = 0.0, 0
+    if P > 1:
+        sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
+        message = cost.activation_message_bytes(model, job, p) / sp
+        fastest = max(intra, inter) if intra != INF else inter
+        c_min = cost.p2p_time(message, fastest, intra != INF and intra >= inter, cluster)
+        rounds = math.ceil(m / P) if v == 1 else 1
+    heavy = math.ceil(model.num_layers / P)
+    optimizer = min(cost.optimizer_step_time(
+        (memory_coefficients(instance, p, i).optimizer[0] + memory_coefficients(instance, p, i).optimizer[1] * heavy)
+        / job.bytes_per_param_state[2], gpu_type) for i in range(P))
+    return _Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
+                  max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
+                  m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=lt.forward + lt.backward, c_min=c_min, rounds=rounds,
+                  optimizer=optimizer)
+
+
+def fast_bound(instance, config: Config) -> float:
+    """(B1) pipeline + chain + dp sync + optimizer + overhead, each at its best over partitions and maps."""
+    b = _parts(instance, config)
+    return (b.pipeline([b.u] * config.pp) + b.chain() + b.dp_floor() + b.optimizer
+            + b.gpu_type.iteration_overhead_s)
+
+
+def cut_bound(instance, config: Config) -> float:
+    """(B2) the largest over the weakest cuts of `cut_bound_at`; (B1) for a single node."""
+    base = fast_bound(instance, config)
+    world = instance.cluster.num_gpus
+    return max([base] + [cut_bound_at(instance, config, bw, (side, world - side))
+                         for bw, side in weakest_cuts(instance.cluster)])
+
+
+def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -> float:
+    """(B2) for one cut: (B1) with one group across it, the smallest over which kind of group crosses.
+
+    A kind of group need not be considered when the others alone cannot connect the two sides: if only the
+    kinds in R cross, each side is a union of classes of ranks that differ only in R's coordinates, each of
+    prod_{k in R} size_k ranks. So a set D of kinds is left out when some side is not a multiple of the
+    product over the rest; the bound is the largest over such D of the smallest over the rest.
+    """
+    cluster, model, job = instance.cluster, instance.model, instance.training
+    b = _parts(instance, config)
+    if cut >= b.inter:
+        return -INF
+    p, P, v = b.placement, config.pp, config.vpp
+    fixed_part = b.optimizer + b.gpu_type.iteration_overhead_s
+    dp_floor = b.dp_floor()
+    stages = sorted({0, min(1, P - 1), P - 1})  # stages 1 .. P-2 are alike (memory cap, extras, parameters)
+    n_dp = config.dp * config.cp
+    # A dp x cp group has at most one member per tp group; when every tp group lies inside a node, a node holds
+    # at most cap / tp of its members. Otherwise some tp group spans nodes, which "tp anywhere" bounds.
+    dp_node_cap = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
+
+    def with_slow_stage(u_slow: float, dp_slow: bool) -> float:
+        best = INF
+        for s in stages:
+            us = [b.u] * P
+            us[s] = u_slow
+            if not dp_slow:
+                best = min(best, b.pipeline(us) + dp_floor)
+                continue
+            for q in range(v, max(b.caps[s], 0) + 1, v):
+                best = min(best, b.pipeline(us, {s: q}) + max(dp_floor, b.dp_exposure(s, q, cut, 2, dp_node_cap)))
+        return best + b.chain() + fixed_part
+
+    def tp_across(bandwidth: float) -> float:
+        tp = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra,
+                             bandwidth, b.max_nodes, b.per_node_cap, 2)
+        return with_slow_stage(b.unit(tp, b.cp, b.ag, b.rs), False)
+
+    cases = {}
+    tp_anywhere = INF
+    if config.tp > 1:
+        cases["tp"] = tp_across(cut)
+        tp_anywhere = tp_across(b.inter)
+    if n_dp > 1:
+        ag, rs = b.ag, b.rs
+        if config.zero_stage >= 3:
+            w_bytes, g_bytes, _ = job.bytes_per_param_state
+            k = stage_constants(instance, p, 0, b.gpu_type)
+            ag = best_group_time(lambda lk: cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster),
+                                 n_dp, b.intra, cut, b.max_nodes, dp_node_cap, 2)
+            rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk,
+                                                                 cluster), n_dp, b.intra, cut, b.max_nodes,
+                                 dp_node_cap, 2)
+        dp_slow = config.zero_stage < 3
+        if config.cp > 1:  # a cp ring across the cut puts its dp x cp group across too
+            ring = cost.cp_layer_comm(model, job, p, min(b.intra, cut), False, cluster)
+            cases["cp"] = min(tp_anywhere, with_slow_stage(b.unit(b.tp, ring, ag, rs), dp_slow))
+        if config.dp > 1:
+            cases["dp"] = min(tp_anywhere, with_slow_stage(b.unit(b.tp, b.cp, ag, rs), dp_slow))
+    if P > 1:
+        sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
+        slow = cost.p2p_time(cost.activation_message_bytes(model, job, p) / sp, cut, False, cluster)
+        cases["pp"] = b.pipeline([b.u] * P) + b.chain(max(0.0, slow - b.c_min)) + dp_floor + fixed_part
+    if not cases:
+        return -INF
+    size = {"tp": config.tp, "cp": config.cp, "dp": config.dp, "pp": P}
+    kinds = sorted(cases)
+    best = min(cases.values())
+    for mask in range(1, 2 ** len(kinds) - 1):  # R = the kinds kept, a proper non-empty subset
+        rest = [kind for i, kind in enumerate(kinds) if mask >> i & 1]
+        block = math.prod(size[kind] for kind in rest)
+        if any(side % block for side in sides):
+            best = max(best, min(cases[kind] for kind in rest))
+    return best
+
+
+def lower_bound(instance, config: Config) -> float:
+    """A time no partition and no GPU map of `config` can beat: (B1), cheap, for every configuration."""
+    return fast_bound(instance, config)
