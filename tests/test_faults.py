@@ -1,0 +1,179 @@
+"""Solver faults and early stops: each ends with the best plan so far and an honest status, or a clear error,
+and nothing half-written (issue 8).
+
+Cases: the CBC binary missing; CBC killed (SIGKILL) mid-solve; CP-SAT answering UNKNOWN and MODEL_INVALID;
+a time limit of 0.1 s; Ctrl-C (SIGINT) during a long search, before and after a first plan exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import H100_128, REPO, build_instance
+from formulation import evaluate
+from solvers import backends, solve
+from solvers.search import NoPlanInTime, search
+
+pulp = pytest.importorskip("pulp")
+
+
+def _fake_cbc(monkeypatch, path: str) -> None:
+    """Make the CBC backend run `path` instead of PuLP's bundled binary."""
+    real = pulp.COIN_CMD
+    monkeypatch.setattr(pulp, "PULP_CBC_CMD", lambda **kw: real(path=path, **kw))
+
+
+def _small():
+    """4 GPUs, every pair its own bandwidth: bounds alone do not settle it, so programs are solved."""
+    from test_exact import small_instance
+    return build_instance(small_instance(1)[0])
+
+
+def _assert_honest_plan(instance, result) -> None:
+    est = evaluate(instance, result.placement)  # the plan is valid and scored by the referee
+    assert est.fits
+    assert result.estimate.iteration_time_s == pytest.approx(est.iteration_time_s, rel=1e-9)
+    s = result.solver
+    assert s.status != "optimal"
+    assert s.bound_s <= s.objective_s * (1 + 1e-9)
+    assert s.gap > 0
+
+
+@pytest.mark.parametrize("binary", ["missing", "killed"])
+def test_cbc_failure_keeps_the_best_default_plan_and_says_so(monkeypatch, tmp_path, binary):
+    if binary == "missing":
+        path = str(tmp_path / "no-such-cbc")
+    else:
+        path = str(tmp_path / "cbc")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\nkill -9 $$\n")
+        os.chmod(path, 0o755)
+    _fake_cbc(monkeypatch, path)
+    instance = _small()
+    result = solve(instance, solver="cbc")
+    _assert_honest_plan(instance, result)
+    assert "solver failure" in result.solver.note and "CBC failed" in result.solver.note
+
+
+def test_cbc_failure_result_reaches_the_backend_contract(monkeypatch, tmp_path):
+    _fake_cbc(monkeypatch, str(tmp_path / "absent"))
+    from formulation.program import build_program
+    from formulation.space import configurations
+    instance = _small()
+    program = build_program(instance, next(iter(configurations(instance))))
+    out = backends.get("cbc").solve(program, time_limit_s=5)
+    assert out.status == "error" and out.values is None and out.message.startswith("CBC failed")
+
+
+@pytest.mark.skipif(not backends.available()["cpsat"], reason="OR-Tools not installed")
+@pytest.mark.parametrize("code", ["UNKNOWN", "MODEL_INVALID"])
+def test_cpsat_without_an_answer_keeps_the_best_default_plan(monkeypatch, code):
+    from ortools.sat.python import cp_model
+    monkeypatch.setattr(cp_model.CpSolver, "solve", lambda self, model, *a, **k: getattr(cp_model, code))
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", lambda self, model, *a, **k: getattr(cp_model, code))
+    instance = _small()
+    result = solve(instance, solver="cpsat")
+    _assert_honest_plan(instance, result)
+    if code == "MODEL_INVALID":
+        assert "CP-SAT rejected the model" in result.solver.note
+
+
+def test_a_tenth_of_a_second_returns_the_plan_so_far_with_a_zero_bound():
+    """The h100_128 search takes seconds; at 0.1 s it stops enumerating, returns the first plans found, and
+    claims no bound for the configurations it never saw."""
+    from formulation import load_instance
+    instance = load_instance(H100_128)
+    started = time.perf_counter()
+    found = search(instance, solver="cpsat", time_limit_s=0.1, exact=False)
+    assert time.perf_counter() - started < 3.0  # one configuration's work past the limit, not the whole search
+    assert found.stopped == "time limit" and found.status == "timeout"
+    assert found.bound_s == 0.0
+    assert evaluate(instance, found.ranked[0].placement).fits
+
+
+class _Clock:
+    """A clock for solvers.search that jumps 100 s per reading: every deadline has passed at once."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 100.0
+        return self.now
+
+
+def test_no_plan_at_all_within_the_limit_is_a_clear_error(monkeypatch):
+    import solvers.search as search_module
+    monkeypatch.setattr(search_module, "time", _Clock())
+    with pytest.raises(NoPlanInTime, match="no plan within the time limit"):
+        search(_small(), solver="cpsat", time_limit_s=1.0)
+
+
+def _interrupt_on_call(monkeypatch, n: int) -> None:
+    """Ctrl-C arriving during the n-th lower bound computation (deterministic, in process)."""
+    import solvers.search as search_module
+    real, calls = search_module.lower_bound, [0]
+
+    def bound(instance, config):
+        calls[0] += 1
+        if calls[0] == n:
+            raise KeyboardInterrupt
+        return real(instance, config)
+
+    monkeypatch.setattr(search_module, "lower_bound", bound)
+
+
+def _cli(argv) -> int:
+    from solvers.cli import main
+    with pytest.raises(SystemExit) as stop:
+        main([str(a) for a in argv])
+    return stop.value.code
+
+
+def test_interrupt_before_any_plan_exits_130_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    _interrupt_on_call(monkeypatch, 1)
+    output = tmp_path / "plan.json"
+    assert _cli(["--instance", H100_128, "--output", output, "--quiet"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert not output.exists()
+
+
+def test_interrupt_after_plans_exist_returns_the_best_so_far(monkeypatch, tmp_path, capsys):
+    _interrupt_on_call(monkeypatch, 40)
+    output = tmp_path / "plan.json"
+    assert _cli(["--instance", H100_128, "--output", output, "--quiet"]) == 0
+    plan = json.loads(output.read_text())
+    assert plan["solver"]["status"] == "timeout" and plan["solver"]["bound_s"] == 0.0
+    assert "interrupted" in plan["solver"]["note"]
+
+
+def _interrupt_after(seconds: float, output):
+    proc = subprocess.Popen([sys.executable, "-m", "solvers.cli", "--instance", str(H100_128), "--quiet",
+                             "--output", str(output)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(seconds)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_during_the_search_ends_with_the_plan_so_far(tmp_path):
+    output = tmp_path / "plan.json"
+    code, out, err = _interrupt_after(3.0, output)
+    assert "Traceback" not in err
+    if code == 130:  # the machine was slow: no plan existed yet, so nothing may be written
+        assert err.strip() == "interrupted" and not output.exists()
+        return
+    assert code == 0, err
+    plan = json.loads(output.read_text())  # complete JSON: written atomically
+    assert plan["solver"]["status"] in ("timeout", "feasible", "optimal")
+    if plan["solver"]["status"] == "timeout":
+        assert "interrupted" in plan["solver"]["note"]
+    assert not list(tmp_path.glob("*.tmp*")), "a temporary file was left behind"
