@@ -24,6 +24,14 @@ import numpy as np
 from .errors import Section, is_finite
 from .ingest import network as measured
 
+# Largest cluster the loader accepts, checked while `cluster.nodes` is read, before anything is sized by it.
+# 65,536 GPUs is four times the largest published dense training run (Llama 3: 16,384 H100s); 8,192 nodes (8
+# GPUs each) keep the N x N node-bandwidth matrix at 512 MiB (a million nodes would ask for 7 TiB and a
+# 100,000-node `count` for 75 GiB: a MemoryError, not an answer).
+MAX_GPUS = 65_536
+MAX_NODES = 8_192
+MAX_GPUS_PER_NODE = 64
+
 CATALOG_PATH = Path(__file__).resolve().parent / "data" / "gpu_types.json"
 CALIBRATION_PATH = Path(__file__).resolve().parent / "data" / "calibration.json"
 
@@ -288,15 +296,16 @@ def load_cluster_section(data: dict, file: str, software_stack: str = "megatron"
 def _load_nodes(sec: Section, gpu_types: dict) -> tuple[Node, ...]:
     """`nodes`: a list of {"name", "gpu_type", "gpus"}; `{"count": n, "prefix": "node", ...}` expands to n nodes."""
     nodes: list[Node] = []
+    total = 0
     for i, item in enumerate(sec.items("nodes")):
         ns = Section(item, sec.file, f"cluster.nodes[{i}]")
         gpu_type = ns.string("gpu_type")
         if gpu_type not in gpu_types:
             raise ns.error("gpu_type", f"GPU type {gpu_type!r} is not defined in cluster.gpu_types "
                                        f"(defined: {', '.join(gpu_types)})")
-        gpus = ns.integer("gpus", maximum=64)
+        gpus = ns.integer("gpus", maximum=MAX_GPUS_PER_NODE)
         if ns.has("count"):
-            count = ns.integer("count", maximum=100_000)
+            count = ns.integer("count", maximum=MAX_NODES)
             prefix = ns.string("prefix", default="node")
             width = max(2, len(str(count - 1 + len(nodes))))
             names = [f"{prefix}{len(nodes) + k:0{width}d}" for k in range(count)]
@@ -307,6 +316,10 @@ def _load_nodes(sec: Section, gpu_types: dict) -> tuple[Node, ...]:
             if ":" in name:
                 raise ns.error("name", f"node names may not contain ':' (got {name!r})")
             nodes.append(Node(name, gpu_type, gpus))
+        total += gpus * len(names)
+        if len(nodes) > MAX_NODES or total > MAX_GPUS:
+            raise sec.error("nodes", f"{len(nodes):,} nodes with {total:,} GPUs (through nodes[{i}]) exceed the "
+                                     f"supported maximum of {MAX_NODES:,} nodes and {MAX_GPUS:,} GPUs")
     seen = set()
     for i, node in enumerate(nodes):
         if node.name in seen:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from .cluster import Cluster, load_cluster_section
-from .errors import InputError, Section
+from .errors import (
+    DuplicatedMapping,
+    InputError,
+    Section,
+    decode_text,
+    parse_json,
+    reject_duplicates,
+)
 from .job import TrainingJob, load_training_section
 from .model import Model, load_model_section
 
@@ -37,52 +42,53 @@ def read_document(path: str | Path) -> dict:
         raise InputError(file, "<root>", "expected a file, got a directory") from None
     except OSError as exc:
         raise InputError(file, "<root>", f"cannot read file: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(file, "<root>", f"file is not valid UTF-8 (byte {exc.start})") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-            raise InputError(file, "<root>", f"invalid YAML{where}") from None
-        except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit conversion limit
-            raise InputError(file, "<root>", f"invalid YAML: {exc}") from None
-    else:
-        try:
-            data = json.loads(text, parse_constant=_reject_constant)
-        except json.JSONDecodeError as exc:
-            raise InputError(file, "<root>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-        except _NonFiniteConstant as exc:  # NaN / Infinity: name the field, as every other error does
-            raise InputError(file, _non_finite_path(json.loads(text)) or "<root>", str(exc)) from None
-        except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit conversion limit
-            raise InputError(file, "<root>", str(exc)) from None
+    text = decode_text(raw, file)
+    data = _parse_yaml(text, file) if path.suffix.lower() in (".yaml", ".yml") else parse_json(text, file)
     if not isinstance(data, dict):
         raise InputError(file, "<root>", "expected an object at the top level")
     return data
 
 
-class _NonFiniteConstant(ValueError):
-    pass
+class _StrictYamlLoader(yaml.SafeLoader):
+    """`yaml.safe_load` that marks mappings whose own keys repeat (PyYAML silently keeps the last value). A key
+    repeated through a merge (`<<: *defaults`, then the key again) is an override, not a duplicate."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.duplicates: list = []
+
+    def construct_strict_map(self, node):
+        keys = [(k.tag, k.value) for k, _ in node.value
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge"]
+        data: dict = {}
+        if len(set(keys)) != len(keys):
+            seen: set = set()
+            data = DuplicatedMapping()
+            data.key = next(value for key, value in keys if key in seen or seen.add(key))
+            self.duplicates.append(data)
+        yield data
+        data.update(self.construct_mapping(node))
 
 
-def _reject_constant(name: str):
-    raise _NonFiniteConstant(f"{name} is not a valid number (JSON allows finite numbers only)")
+_StrictYamlLoader.add_constructor("tag:yaml.org,2002:map", _StrictYamlLoader.construct_strict_map)
 
 
-def _non_finite_path(value, path: str = "") -> str | None:
-    """Field path of the first NaN or infinite number in parsed JSON (None if there is none)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return path or "<root>"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        sub = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
-        found = _non_finite_path(item, sub)
-        if found:
-            return found
-    return None
+def _parse_yaml(text: str, file: str):
+    loader = _StrictYamlLoader(text)
+    try:
+        data = loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise InputError(file, "<root>", f"invalid YAML{where}") from None
+    except RecursionError:
+        raise InputError(file, "<root>", "invalid YAML: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit conversion limit
+        raise InputError(file, "<root>", f"invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    reject_duplicates(data, loader.duplicates, file)
+    return data
 
 
 def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None = None) -> Instance:
@@ -96,14 +102,8 @@ def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None
     training = load_training_section(sec.raw("training"), file)
     cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack, base_dir)
     sec.done()
-    _check_consistency(model, training, cluster, file)
     return Instance(name=name, description=description, model=model, training=training, cluster=cluster,
                     source=file)
-
-
-def _check_consistency(model: Model, training: TrainingJob, cluster: Cluster, file: str) -> None:
-    if cluster.num_gpus > 1_000_000:
-        raise InputError(file, "cluster.nodes", f"{cluster.num_gpus} GPUs exceed the supported 1,000,000")
 
 
 def load_instance(path: str | Path) -> Instance:

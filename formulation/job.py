@@ -89,5 +89,9 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         tp_comm_overlap=sec.boolean("tp_comm_overlap", default=False),
         ddp_bucket_params=sec.integer("ddp_bucket_params", default=40_000_000),
     )
+    for cp in job.context_parallel_sizes:  # a listed size that can never apply is a mistake, not a choice
+        if job.seq_length % cp:
+            raise sec.error("context_parallel_sizes", f"context-parallel size {cp} does not divide seq_length "
+                                                      f"{job.seq_length} (each cp rank takes seq_length / cp tokens)")
     sec.done()
     return job

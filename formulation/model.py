@@ -6,11 +6,10 @@ GQA, rotary, no dropout) and GPT-style (LayerNorm, GELU MLP, learned positions, 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, Section
+from .errors import InputError, Section, decode_text, parse_json
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "instances" / "models"
 
@@ -159,9 +158,10 @@ def model_from_dict(data: dict, file: str, path: str = "model") -> Model:
         return model_from_dict({**inherited, **sub.data}, file, sub.path)
     stem = Path(file).parent.name if Path(file).name == "config.json" else Path(file).stem
     name = sec.string("name", default=sec.data.get("_name_or_path") or stem)
-    layers = sec.integer("num_hidden_layers") if sec.has("num_hidden_layers") else sec.integer("n_layer")
-    hidden = sec.integer("hidden_size") if sec.has("hidden_size") else sec.integer("n_embd")
-    heads = sec.integer("num_attention_heads") if sec.has("num_attention_heads") else sec.integer("n_head")
+    # GPT-2 names where the config uses them; a size given under neither name is reported by its HF name
+    layers = sec.integer("n_layer" if sec.has("n_layer") and not sec.has("num_hidden_layers") else "num_hidden_layers")
+    hidden = sec.integer("n_embd" if sec.has("n_embd") and not sec.has("hidden_size") else "hidden_size")
+    heads = sec.integer("n_head" if sec.has("n_head") and not sec.has("num_attention_heads") else "num_attention_heads")
     kv_heads = sec.integer("num_key_value_heads", default=heads)
     act = sec.string("hidden_act", default=sec.data.get("activation_function", "silu"))
     sec.raw("activation_function", None)
@@ -200,18 +200,25 @@ def preset_names() -> list[str]:
 
 
 def read_json_file(path: Path, file: str, field: str) -> dict:
+    """A referenced JSON object (preset, HF config.json). Problems with the document as a whole are reported at
+    the referencing `field` of `file`, naming the path; a bad field inside it names that file and field."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise InputError(file, field, f"file not found: {path}") from None
-    except UnicodeDecodeError:
-        raise InputError(str(path), "<root>", "file is not valid UTF-8") from None
+    except IsADirectoryError:
+        raise InputError(file, field, f"{path} is a directory; expected the config.json file (inside it?)") from None
     except OSError as exc:
         raise InputError(file, field, f"cannot read {path}: {exc.strerror}") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), "<root>", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        data = parse_json(decode_text(raw, str(path)), str(path))
+    except InputError as exc:
+        if exc.field != "<root>":
+            raise
+        raise InputError(file, field, f"{path}: {exc.problem}") from None
+    if not isinstance(data, dict):
+        raise InputError(file, field, f"{path}: expected a JSON object at the top level")
+    return data
 
 
 def load_model_section(data: dict, file: str, base_dir: Path) -> Model:
@@ -221,12 +228,14 @@ def load_model_section(data: dict, file: str, base_dir: Path) -> Model:
         name = sec.string("preset")
         sec.done()
         path = PRESET_DIR / f"{name}.json"
-        if not path.is_file():
+        if name not in preset_names():  # a name, not a path: "../x" must not reach other files
             raise sec.error("preset", f"unknown preset {name!r}; expected one of {', '.join(preset_names())}")
         return model_from_dict(read_json_file(path, file, "model.preset"), str(path), "")
     if sec.has("hf_config"):
         rel = sec.string("hf_config")
         sec.done()
         path = (base_dir / rel).resolve()
+        if path == Path(file).resolve():
+            raise sec.error("hf_config", "refers to the instance file itself; expected a Hugging Face config.json")
         return model_from_dict(read_json_file(path, file, "model.hf_config"), str(path), "")
     return model_from_dict(data, file, "model")
