@@ -12,6 +12,7 @@ Each level has a latency (alpha) so that effective bandwidth grows with message 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -167,10 +168,26 @@ class Cluster:
         override = self.gpu_pair_gb_per_s.get((min(a, b), max(a, b)))
         return float(override if override is not None else self.inter_gb_per_s[na, nb])
 
+    @cached_property
+    def _links_cache(self) -> dict[bytes, tuple[float, float, int, int]]:
+        return {}
+
     def group_links(self, gpus: np.ndarray) -> tuple[float, float, int, int]:
         """Bottlenecks of a collective group: (slowest intra-node pair GB/s, slowest inter-node pair GB/s,
-        nodes spanned N, fewest group members on one spanned node k). Infinite where a level is unused."""
-        gpus = np.asarray(gpus)
+        nodes spanned N, fewest group members on one spanned node k). Infinite where a level is unused.
+
+        Memoised by the set of GPUs: the search scores thousands of placements whose groups repeat (default
+        maps of different configurations share their tp, dp and pipeline groups)."""
+        gpus = np.asarray(gpus, dtype=np.int64)
+        key = hashlib.blake2b(np.sort(gpus).tobytes(), digest_size=16).digest()
+        found = self._links_cache.get(key)
+        if found is None:
+            if len(self._links_cache) > 1_000_000:  # bounded: about 200 MB at most
+                self._links_cache.clear()
+            found = self._links_cache[key] = self._group_links(gpus)
+        return found
+
+    def _group_links(self, gpus: np.ndarray) -> tuple[float, float, int, int]:
         nodes = self.gpu_node[gpus]
         uniq, counts = np.unique(nodes, return_counts=True)
         intra = np.inf
@@ -345,9 +362,24 @@ def _matrix(net: Section, key: str, size: int) -> np.ndarray:
     return out
 
 
+def _leaf_groups(net: Section, inter: np.ndarray) -> np.ndarray:
+    """`leaf_groups`: {"nodes_per_group": g, "cross_group_gb_per_s": b}. A fat tree's leaf switches (or
+    scalable units) hold g consecutive listed nodes each; a pair of nodes under different leaves crosses the
+    spine and runs at no more than b. The compact form of a node matrix for clusters of thousands of nodes."""
+    if not net.has("leaf_groups"):
+        return inter
+    gs = net.section("leaf_groups")
+    size = gs.integer("nodes_per_group")
+    cross = gs.number("cross_group_gb_per_s")
+    gs.done()
+    leaf = np.arange(inter.shape[0]) // size
+    return np.where(leaf[:, None] != leaf[None, :], np.minimum(inter, cross), inter)
+
+
 def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_dir: Path) -> Cluster:
     """Inputs apply from the coarsest to the most specific, later ones winning where they speak: nominal level
-    figures -> `nccl_tests` (fitted level figures and latencies) -> per-node `nodes` -> `node_matrix_gb_per_s`
+    figures -> `nccl_tests` (fitted level figures and latencies) -> `leaf_groups` (unless a node matrix is
+    given) -> per-node `nodes` -> `node_matrix_gb_per_s`
     -> `node_pairs` -> `sendrecv_logs` -> `nvidia_smi_topo` -> `gpu_matrix_gb_per_s` -> `gpu_pairs`."""
     intra_nominal = net.number("intra_node_gb_per_s")
     inter_nominal = net.number("inter_node_gb_per_s")
@@ -374,7 +406,7 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
         if ns.has("intra_node_gb_per_s"):
             intra[index[name]][:] = ns.number("intra_node_gb_per_s")
         ns.done()
-    inter = _matrix(net, "node_matrix_gb_per_s", n) if has_matrix else np.minimum.outer(level, level)
+    inter = _matrix(net, "node_matrix_gb_per_s", n) if has_matrix else _leaf_groups(net, np.minimum.outer(level, level))
     inter = np.minimum(inter, np.minimum.outer(nic, nic))
     for i, item in enumerate(net.items("node_pairs", default=[], non_empty=False)):
         ps = Section(item, net.file, f"cluster.network.node_pairs[{i}]")

@@ -15,6 +15,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def _dgx_h100(name: str, description: str, model: str, training: dict, nodes: list[dict], network: dict) -> dict:
+    """An instance on DGX H100 nodes: NVLink ~450 GB/s per direction, one NDR 400G NIC per GPU (~48 GB/s);
+    `network` adds the measured deviations."""
+    return {
+        "name": name, "description": description, "model": {"preset": model},
+        "training": {"precision": "bf16", "memory_limit_fraction": 0.8, **training},
+        "cluster": {
+            "gpu_types": {"h100-sxm-80gb": {"preset": "h100-sxm-80gb"}},
+            "nodes": nodes,
+            "network": {"intra_node_gb_per_s": 450.0, "inter_node_gb_per_s": 48.0, "intra_node_latency_us": 5.0,
+                        "inter_node_latency_us": 15.0, **network},
+        },
+    }
+
+
 def h100_128(seed: int = 128) -> dict:
     """16 DGX H100 nodes (8 GPUs, one NDR 400G NIC per GPU) in two leaf groups of 8 nodes.
 
@@ -34,34 +49,98 @@ def h100_128(seed: int = 128) -> dict:
                 bw *= 0.6
             bw = round(bw * rng.uniform(0.97, 1.03), 1)
             matrix[i][j] = matrix[j][i] = bw
-    return {
-        "name": "h100_128",
-        "description": (
-            "Llama-3 70B, sequence 8192, global batch 512 sequences (4M tokens per step, the batch a team "
-            "continuing Llama-3-70B pretraining on 128 H100s would run: 16 sequences per data-parallel "
-            "replica at dp=32) on 16 DGX H100 nodes in two leaf groups of 8 with a 2:1 oversubscribed spine "
-            "between them, one node with a half-speed NIC (h100-05) and two congested node pairs at 60%."),
-        "model": {"preset": "llama3-70b"},
-        "training": {
-            "global_batch_size": 512, "seq_length": 8192, "precision": "bf16",
-            "recompute": ["none", "selective", "full"], "zero_stage": [0, 1],
-            "max_micro_batch_size": 4, "context_parallel_sizes": [1, 2], "virtual_pipeline_sizes": [1, 2, 4, 5],
-            "memory_limit_fraction": 0.8,
-        },
-        "cluster": {
-            "gpu_types": {"h100-sxm-80gb": {"preset": "h100-sxm-80gb"}},
-            "nodes": [{"name": n, "gpu_type": "h100-sxm-80gb", "gpus": 8} for n in names],
-            "network": {
-                "intra_node_gb_per_s": 450.0, "inter_node_gb_per_s": 48.0,
-                "intra_node_latency_us": 5.0, "inter_node_latency_us": 15.0,
-                "nodes": [{"node": "h100-05", "inter_node_gb_per_s": 24.0}],
-                "node_matrix_gb_per_s": matrix,
-            },
-        },
-    }
+    return _dgx_h100(
+        "h100_128",
+        "Llama-3 70B, sequence 8192, global batch 512 sequences (4M tokens per step, the batch a team "
+        "continuing Llama-3-70B pretraining on 128 H100s would run: 16 sequences per data-parallel "
+        "replica at dp=32) on 16 DGX H100 nodes in two leaf groups of 8 with a 2:1 oversubscribed spine "
+        "between them, one node with a half-speed NIC (h100-05) and two congested node pairs at 60%.",
+        "llama3-70b",
+        {"global_batch_size": 512, "seq_length": 8192, "recompute": ["none", "selective", "full"],
+         "zero_stage": [0, 1], "max_micro_batch_size": 4, "context_parallel_sizes": [1, 2],
+         "virtual_pipeline_sizes": [1, 2, 4, 5]},
+        [{"name": n, "gpu_type": "h100-sxm-80gb", "gpus": 8} for n in names],
+        {"nodes": [{"node": "h100-05", "inter_node_gb_per_s": 24.0}], "node_matrix_gb_per_s": matrix})
 
 
-BUILDERS = {"h100_128": h100_128}
+def _dgx_nodes(count: int, prefix: str = "h100") -> list[dict]:
+    return [{"count": count, "prefix": prefix, "gpu_type": "h100-sxm-80gb", "gpus": 8}]
+
+
+def _degraded(rng: random.Random, count: int, nodes: int, prefix: str, pairs: int) -> tuple[list, list]:
+    """A few half-speed NICs and congested node pairs at 60 %, seeded."""
+    width = max(2, len(str(nodes - 1)))  # as the loader names `count` nodes
+    names = [f"{prefix}{i:0{width}d}" for i in range(nodes)]
+    slow = sorted(rng.sample(range(nodes), count))
+    nics = [{"node": names[i], "inter_node_gb_per_s": 24.0} for i in slow]
+    congested = []
+    while len(congested) < pairs:
+        a, b = sorted(rng.sample(range(nodes), 2))
+        if all({a, b} != set(p) for p in congested):
+            congested.append((a, b))
+    return nics, [{"nodes": [names[a], names[b]], "gb_per_s": 0.6 * 40.0} for a, b in congested]
+
+
+def h100_1024(seed: int = 1024) -> dict:
+    """128 DGX H100 nodes on a rail-optimised fat tree: leaf groups of 32 nodes (256 GPUs, one scalable unit);
+    within a group each NIC's rail reaches every other node at ~48 GB/s, across groups traffic crosses a spine
+    at ~40 GB/s. Two nodes with half-speed NICs and three congested node pairs at 60 % of the spine figure."""
+    rng = random.Random(seed)
+    nics, pairs = _degraded(rng, 2, 128, "h100-", 3)
+    return _dgx_h100(
+        "h100_1024",
+        "Llama-3 70B, sequence 8192, global batch 2048 sequences (16M tokens per step, the batch size of the "
+        "Llama 3 pretraining runs) on 128 DGX H100 nodes: a rail-optimised fat tree with leaf groups of 32 "
+        "nodes and a spine at ~40 GB/s per NIC between groups, two half-speed NICs, three congested pairs.",
+        "llama3-70b",
+        {"global_batch_size": 2048, "seq_length": 8192, "recompute": ["none", "selective", "full"],
+         "zero_stage": [0, 1], "max_micro_batch_size": 2, "context_parallel_sizes": [1, 2],
+         "virtual_pipeline_sizes": [1, 2, 4, 5]},
+        _dgx_nodes(128, "h100-"),
+        {"leaf_groups": {"nodes_per_group": 32, "cross_group_gb_per_s": 40.0}, "nodes": nics, "node_pairs": pairs})
+
+
+def h100_16384(seed: int = 16384) -> dict:
+    """2,048 DGX H100 nodes, the scale of the Llama 3 405B run: leaf groups of 32 nodes, a spine at ~40 GB/s
+    per NIC between groups, eight half-speed NICs and eight congested node pairs."""
+    rng = random.Random(seed)
+    nics, pairs = _degraded(rng, 8, 2048, "h100-", 8)
+    return _dgx_h100(
+        "h100_16384",
+        "Llama-3.1 405B, sequence 8192, global batch 2048 sequences (16M tokens per step, as in the Llama 3 "
+        "paper's 405B run on 16K H100s) on 2,048 DGX H100 nodes: leaf groups of 32 nodes, spine at ~40 GB/s "
+        "per NIC, eight half-speed NICs and eight congested node pairs.",
+        "llama3.1-405b",
+        {"global_batch_size": 2048, "seq_length": 8192, "recompute": ["none", "selective", "full"],
+         "zero_stage": [1], "max_micro_batch_size": 1, "context_parallel_sizes": [1, 2],
+         "virtual_pipeline_sizes": [1, 2, 4, 7]},
+        _dgx_nodes(2048, "h100-"),
+        {"leaf_groups": {"nodes_per_group": 32, "cross_group_gb_per_s": 40.0}, "nodes": nics, "node_pairs": pairs})
+
+
+def measured_matrix(nodes: int, seed: int = 7) -> dict:
+    """The hard case Pipette profiles: every node pair its own measured bandwidth, uniform in 15-25 GB/s per
+    NIC (seeded), 8 GPUs per node at NVLink speed. No two nodes are interchangeable."""
+    rng = random.Random(seed * 1000 + nodes)
+    matrix = [[0.0] * nodes for _ in range(nodes)]
+    for i in range(nodes):
+        for j in range(i + 1, nodes):
+            matrix[i][j] = matrix[j][i] = round(rng.uniform(15.0, 25.0), 1)
+    return _dgx_h100(
+        f"measured_{nodes}",
+        f"Llama-3 8B, sequence 4096, global batch {16 * nodes} sequences on {nodes} nodes of 8 H100s whose "
+        "inter-node bandwidth was measured pair by pair (uniform 15-25 GB/s per NIC, seeded): the "
+        "measured-matrix family of the annealing benchmark, where no two nodes are interchangeable.",
+        "llama3-8b",
+        {"global_batch_size": 16 * nodes, "seq_length": 4096, "recompute": ["none", "selective"], "zero_stage": [1],
+         "max_micro_batch_size": 2, "context_parallel_sizes": [1], "virtual_pipeline_sizes": [1, 2]},
+        _dgx_nodes(nodes, "m"),
+        {"inter_node_gb_per_s": 25.0, "node_matrix_gb_per_s": matrix})
+
+
+BUILDERS = {"h100_128": h100_128, "h100_1024": h100_1024, "h100_16384": h100_16384,
+            "measured_16": lambda: measured_matrix(16), "measured_32": lambda: measured_matrix(32),
+            "measured_64": lambda: measured_matrix(64)}
 
 
 def write(name: str, data: dict, out_dir: Path) -> Path:
