@@ -52,7 +52,8 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
           top: int = 1, progress=None) -> PlanResult:
     """Plan `instance`.
 
-    solver: "cbc" or "cpsat" (exact program per configuration inside the bound-and-prune search; status
+    solver: "anneal" (simulated annealing of the best default placements, with the global lower bound),
+    "cbc" or "cpsat" (exact program per configuration inside the bound-and-prune search; status
     "optimal" with a proof over the whole configuration space when it finishes), "auto" (CP-SAT, or CBC when
     OR-Tools is missing, where the cluster is small enough for the exact program; else the best default
     placement with the search's proven lower bound), or "baseline" (Megatron-style defaults, no bound).
@@ -61,7 +62,7 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
 
     from . import backends
     from .baseline import best_default
-    from .search import MAX_EXACT_SIZE, exact_is_tractable, search
+    from .search import ANNEAL_MOVES, MAX_EXACT_SIZE, exact_is_tractable, search
 
     start = time.perf_counter()
     if solver == "baseline":
@@ -75,18 +76,19 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
         return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                           alternatives=[(r.placement, r.estimate) for r in result.best[1:]],
                           examined=result.examined, fitting=result.fitting, default=(best.placement, best.estimate))
-    if solver == "auto":
+    annealing = solver == "anneal"
+    if solver in ("auto", "anneal"):
         # CP-SAT closes these programs several times faster than CBC (tests/test_exact.py instances:
         # 2.6 s vs 14 s on the slowest); CBC when OR-Tools is missing
         solver = "cpsat" if backends.available()["cpsat"] else "cbc"
-    # Beyond the exact program's reach the chosen backend solves the partition programs of the bound-only
-    # search instead (solvers/partition.py): asking for a backend never means waiting for a program that
-    # cannot finish.
-    exact = exact_is_tractable(instance)
     if solver not in ("cbc", "cpsat"):
-        raise ValueError(f"unknown solver {solver!r}; expected auto, cbc, cpsat or baseline")
+        raise ValueError(f"unknown solver {solver!r}; expected auto, cbc, cpsat, anneal or baseline")
+    # Beyond the exact program's reach the chosen backend solves the partition programs of the bound-only
+    # search instead (solvers/partition.py), and annealing polishes the best placements: asking for a backend
+    # never means waiting for a program that cannot finish. "anneal" anneals the default placements only.
+    exact = exact_is_tractable(instance) and not annealing
     found = search(instance, solver=solver, time_limit_s=time_limit, threads=threads, seed=seed, top=max(1, top),
-                   progress=progress, exact=exact)
+                   progress=progress, exact=exact, anneal_moves=0 if exact else ANNEAL_MOVES, refine=not annealing)
     best = found.ranked[0]
     objective = best.estimate.iteration_time_s
     gap = (objective - found.bound_s) / objective
@@ -94,12 +96,18 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
         method = f"exact-{solver}"
         note = (f"{found.examined} configurations solved exactly or tried, {found.pruned} pruned by bound, "
                 f"{found.infeasible} do not fit")
+    elif annealing:
+        method = "anneal"
+        note = (f"simulated annealing of the default placements of the {found.annealed} best of {found.candidates} "
+                f"configurations that fit ({ANNEAL_MOVES} moves each, seed {seed}), and the global lower bound of "
+                f"all of them")
     else:
         method = f"bound-only-{solver}"
         note = (f"{instance.cluster.num_gpus} GPUs x {len(instance.cluster.uniform_classes())} GPU classes exceeds "
                 f"the exact program's reach ({MAX_EXACT_SIZE}): default GPU maps with exactly optimised layer "
                 f"partitions for the {found.examined} most promising of {found.candidates} configurations that "
-                f"fit, and the global lower bound of all of them")
+                f"fit, annealed placements ({ANNEAL_MOVES} moves) for the {found.annealed} best, and the global "
+                f"lower bound of all of them")
     if found.stopped == "interrupted":
         note += "; interrupted (Ctrl-C): the best plan so far, the bound proven so far"
     elif found.stopped == "time limit":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -161,6 +161,8 @@ class _Parts:
     c_min: float
     rounds: int
     optimizer: float
+    _constants: dict = field(default_factory=dict)
+    _group_times: dict = field(default_factory=dict)
 
     def unit(self, tp: float, cp: float, ag: float, rs: float) -> float:
         lt = layer_time(stage_constants(self.instance, self.placement, 0, self.gpu_type),
@@ -185,32 +187,50 @@ class _Parts:
             return 0.0
         return self.rounds * 2 * ((v * (P - 1) + (v - 1)) * self.c_min + v * slow_extra)
 
-    def dp_exposure(self, stage: int, layers: int, inter: float, min_nodes: int, per_node_cap: int | None = None
-                    ) -> float:
-        """(C11) smallest exposed dp sync of `stage` holding `layers`, over group shapes at these links with at
-        most `per_node_cap` members on a node."""
+    def constants(self, stage: int):
+        if stage not in self._constants:
+            self._constants[stage] = stage_constants(self.instance, self.placement, stage, self.gpu_type)
+        return self._constants[stage]
+
+    def dp_part_exposures(self, stage: int, layers: int, inter: float, min_nodes: int,
+                          per_node_cap: int | None = None) -> list[float]:
+        """(C11) per collective (reduce-scatter, all-gather, or all-reduce) the smallest exposed time of `stage`
+        holding `layers`, over group shapes at these links with at most `per_node_cap` members on a node."""
         n = self.config.dp * self.config.cp
         if n == 1 or self.config.zero_stage >= 3:
-            return 0.0
-        cluster = self.instance.cluster
-        k = stage_constants(self.instance, self.placement, stage, self.gpu_type)
-        total = 0.0
-        for kind, message, overlapped, window in dp_sync_parts(self.instance, self.placement, k, layers):
-            def one(lk, kind=kind, message=message):
-                return cost.collective_time(kind, message, lk, cluster)
+            return []
+        cluster, cap = self.instance.cluster, per_node_cap or self.per_node_cap
+        out = []
+        for kind, message, overlapped, window in dp_sync_parts(self.instance, self.placement, self.constants(stage),
+                                                               layers):
+            key = (kind, message, inter, min_nodes, cap)
+            if key not in self._group_times:
+                def one(lk, kind=kind, message=message):
+                    return cost.collective_time(kind, message, lk, cluster)
 
-            t = best_group_time(one, n, self.intra, inter, self.max_nodes, per_node_cap or self.per_node_cap, min_nodes)
-            total += max(0.0, t - window) if overlapped else t
-        return total
+                self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes)
+            t = self._group_times[key]
+            out.append(max(0.0, t - window) if overlapped else t)
+        return out
+
+    def dp_exposure(self, stage: int, layers: int, inter: float, min_nodes: int, per_node_cap: int | None = None
+                    ) -> float:
+        return sum(self.dp_part_exposures(stage, layers, inter, min_nodes, per_node_cap))
 
     def dp_floor(self) -> float:
-        """delta >= E_i for every stage i, each at its smallest exposure over the layer counts memory allows."""
+        """delta >= E_i for every stage i, and E_i >= the sum over its collectives of each one's smallest exposure
+        over the layer counts memory allows. Each collective's time is the minimum over group shapes of functions
+        affine in the message, which is affine in the layer count, as is the window that hides it: so the
+        exposure max(0, concave) is smallest at the fewest or the most layers, and two evaluations suffice."""
         best = 0.0
+        v = self.config.vpp
         for i in range(self.config.pp):
-            counts = range(self.config.vpp, max(self.caps[i], 0) + 1, self.config.vpp)
-            exposures = [self.dp_exposure(i, q, self.inter, 1) for q in counts]
-            if exposures:
-                best = max(best, min(exposures))
+            most = max(self.caps[i], 0) // v * v
+            if most < v:
+                continue
+            fewest_parts = self.dp_part_exposures(i, v, self.inter, 1)
+            most_parts = self.dp_part_exposures(i, most, self.inter, 1)
+            best = max(best, sum(min(a, b) for a, b in zip(fewest_parts, most_parts)))
         return best
 
 
@@ -287,13 +307,15 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -
     p, P, v = b.placement, config.pp, config.vpp
     fixed_part = b.optimizer + b.gpu_type.iteration_overhead_s
     dp_floor = b.dp_floor()
-    stages = sorted({0, min(1, P - 1), P - 1})  # stages 1 .. P-2 are alike (memory cap, extras, parameters)
+    # stages 1 .. P-2 differ only in their memory cap (in-flight micro-batches): one per distinct cap
+    stages = sorted({0, P - 1} | {min(i for i in range(1, P - 1) if b.caps[i] == c) for c in set(b.caps[1:P - 1])})
     n_dp = config.dp * config.cp
-    # A dp x cp group has at most one member per tp group; when every tp group lies inside a node, a node holds
-    # at most cap / tp of its members. Otherwise some tp group spans nodes, which "tp anywhere" bounds.
-    dp_node_cap = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
+    # A dp x cp group has at most one member per tp group of its stage. Either every node it spans holds at most
+    # cap / tp of its members (a), or some node holds more, and then a tp group of the same stage spans nodes (b):
+    # that stage pays both. (b) does not exist when tp > cap: then every tp group spans nodes already in (B1).
+    narrow = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
 
-    def with_slow_stage(u_slow: float, dp_slow: bool) -> float:
+    def with_slow_stage(u_slow: float, dp_slow: bool, dp_cap: int) -> float:
         best = INF
         for s in stages:
             us = [b.u] * P
@@ -302,35 +324,43 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -
                 best = min(best, b.pipeline(us) + dp_floor)
                 continue
             for q in range(v, max(b.caps[s], 0) + 1, v):
-                best = min(best, b.pipeline(us, {s: q}) + max(dp_floor, b.dp_exposure(s, q, cut, 2, dp_node_cap)))
+                best = min(best, b.pipeline(us, {s: q}) + max(dp_floor, b.dp_exposure(s, q, cut, 2, dp_cap)))
         return best + b.chain() + fixed_part
 
-    def tp_across(bandwidth: float) -> float:
-        tp = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra,
-                             bandwidth, b.max_nodes, b.per_node_cap, 2)
-        return with_slow_stage(b.unit(tp, b.cp, b.ag, b.rs), False)
+    def tp_time(bandwidth: float) -> float:
+        return best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra,
+                               bandwidth, b.max_nodes, b.per_node_cap, 2)
 
     cases = {}
-    tp_anywhere = INF
     if config.tp > 1:
-        cases["tp"] = tp_across(cut)
-        tp_anywhere = tp_across(b.inter)
+        cases["tp"] = with_slow_stage(b.unit(tp_time(cut), b.cp, b.ag, b.rs), False, b.per_node_cap)
     if n_dp > 1:
-        ag, rs = b.ag, b.rs
-        if config.zero_stage >= 3:
-            w_bytes, g_bytes, _ = job.bytes_per_param_state
-            k = stage_constants(instance, p, 0, b.gpu_type)
-            ag = best_group_time(lambda lk: cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster),
-                                 n_dp, b.intra, cut, b.max_nodes, dp_node_cap, 2)
-            rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk,
-                                                                 cluster), n_dp, b.intra, cut, b.max_nodes,
-                                 dp_node_cap, 2)
         dp_slow = config.zero_stage < 3
+        split_tp = config.tp > 1 and config.tp <= b.per_node_cap
+        tp_split = tp_time(b.inter) if split_tp else b.tp
+
+        def zero3(cap: int) -> tuple[float, float]:
+            """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
+            if config.zero_stage < 3:
+                return b.ag, b.rs
+            w_bytes, g_bytes, _ = job.bytes_per_param_state
+            k = b.constants(0)
+            return tuple(best_group_time(lambda lk, kind=kind, size=size: cost.collective_time(kind, size, lk, cluster),
+                                         n_dp, b.intra, cut, b.max_nodes, cap, 2)
+                         for kind, size in (("all_gather", k.layer_params * w_bytes),
+                                            ("reduce_scatter", k.layer_params * g_bytes)))
+
+        def across(cp_time: float) -> float:
+            value = with_slow_stage(b.unit(b.tp, cp_time, *zero3(narrow)), dp_slow, narrow)  # (a)
+            if split_tp:  # (b)
+                value = min(value, with_slow_stage(b.unit(tp_split, cp_time, *zero3(b.per_node_cap)), dp_slow,
+                                                   b.per_node_cap))
+            return value
+
         if config.cp > 1:  # a cp ring across the cut puts its dp x cp group across too
-            ring = cost.cp_layer_comm(model, job, p, min(b.intra, cut), False, cluster)
-            cases["cp"] = min(tp_anywhere, with_slow_stage(b.unit(b.tp, ring, ag, rs), dp_slow))
+            cases["cp"] = across(cost.cp_layer_comm(model, job, p, min(b.intra, cut), False, cluster))
         if config.dp > 1:
-            cases["dp"] = min(tp_anywhere, with_slow_stage(b.unit(b.tp, b.cp, ag, rs), dp_slow))
+            cases["dp"] = across(b.cp)
     if P > 1:
         sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
         slow = cost.p2p_time(cost.activation_message_bytes(model, job, p) / sp, cut, False, cluster)

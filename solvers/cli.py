@@ -35,11 +35,13 @@ def _parser() -> argparse.ArgumentParser:
                                                             "launch scripts, torchtitan.toml, pictures and README.txt")
     parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
                                                             "--output-dir, else next to --output, else here)")
-    parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "cpsat", "baseline"],
+    parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "cpsat", "anneal", "baseline"],
                         help="auto: CP-SAT (CBC without OR-Tools); cbc / cpsat: that backend. Either way the exact "
                              "program where the cluster is small enough to prove (ranks x GPU classes <= 256), else "
                              "the bound-only search (default GPU maps, partitions solved exactly, proven global lower "
-                             "bound), and the report says which; baseline: Megatron-style defaults only, no bound")
+                             "bound, then annealed placements for the best configurations), and the report says "
+                             "which; anneal: simulated annealing of the best default placements with the proven "
+                             "global lower bound; baseline: Megatron-style defaults only, no bound")
     parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="wall-clock limit in seconds")
     parser.add_argument("--threads", type=int, default=1, help="solver threads")
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")

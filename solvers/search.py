@@ -58,6 +58,7 @@ class SearchResult:
     best_default: Candidate | None = None  # the Megatron-style default placement that is fastest
     stopped: str = ""  # "time limit" or "interrupted" when the search ended early
     errors: list[str] = field(default_factory=list)  # backend failures (configuration: message)
+    annealed: int = 0  # configurations whose placement was annealed
 
 
 def _fits_somehow(instance, config: Config) -> bool:
@@ -71,9 +72,13 @@ def _fits_somehow(instance, config: Config) -> bool:
 # the bound-only search: the best default placement with the proven global lower bound. Decomposition for
 # large clusters (node-level maps, issue 4) lifts this.
 MAX_EXACT_SIZE = 256
-# Without the exact program and without --time-limit, time spent re-partitioning default maps
+# Without the exact program and without --time-limit, time spent (after the enumeration) re-partitioning default maps
 # (solvers/partition.py), most promising configurations first.
 BOUND_ONLY_BUDGET_S = 8.0
+# Beyond the exact program, the placements of this many best configurations are annealed (ANNEAL_MOVES
+# proposals each, deterministic per seed): the GPU map matters where links differ (slow NICs, measured pairs).
+ANNEAL_CONFIGURATIONS = 3
+ANNEAL_MOVES = 4000
 
 
 def exact_is_tractable(instance) -> bool:
@@ -85,7 +90,8 @@ class NoPlanInTime(Exception):
 
 
 def search(instance, solver: str = "cbc", time_limit_s: float | None = None, threads: int = 1, seed: int = 0,
-           top: int = 1, progress=None, exact: bool = True) -> SearchResult:
+           top: int = 1, progress=None, exact: bool = True, anneal_moves: int = 0,
+           refine: bool = True) -> SearchResult:
     """Bound and prune over every configuration. Stops early, with the best plan so far and an honest bound,
     at the time limit or on Ctrl-C (`stopped` says which); a backend failure leaves that configuration at its
     lower bound and is reported in `errors`."""
@@ -99,7 +105,7 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
         complete = _enumerate(instance, candidates, result, deadline, top)
         if complete:
             _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed,
-                              top, progress, exact)
+                              top, progress, exact, anneal_moves, refine)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
     result.candidates = len(candidates)
@@ -175,14 +181,15 @@ def _kth_best(candidates: list[Candidate], top: int) -> float:
 
 
 def _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed, top,
-                      progress, exact) -> None:
+                      progress, exact, anneal_moves: int = 0, refine: bool = True) -> None:
     """Most promising first, until no remaining lower bound beats the K-th best: exact programs, or (bound-only)
-    exactly optimised partitions of the default maps within their own budget."""
+    exactly optimised partitions of the default maps within their own budget (`refine`), then annealing of the
+    best configurations' placements (`anneal_moves` per configuration, 0: none)."""
     world = instance.cluster.num_gpus
     backend = backends.get(solver)
     if not exact:
-        refine_until = deadline if time_limit_s else start + BOUND_ONLY_BUDGET_S
-        for cand in candidates:
+        refine_until = deadline if time_limit_s else time.perf_counter() + BOUND_ONLY_BUDGET_S
+        for cand in candidates if refine else []:
             if cand.lower_bound_s >= _kth_best(candidates, top) * (1 - 1e-9):
                 break
             if time.perf_counter() >= refine_until:
@@ -197,6 +204,8 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
                 est = evaluate(instance, better)
                 if est.fits and (cand.default_s is None or est.iteration_time_s < cand.default_s):
                     cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, better, est
+        if anneal_moves:
+            _anneal_best(instance, candidates, result, deadline, seed, top, anneal_moves)
         return
     for cand in candidates:
         if cand.lower_bound_s >= _kth_best(candidates, top) * (1 - 1e-9):
@@ -234,6 +243,27 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
                 result.stopped = "time limit"
         if progress:
             progress(result.examined, len(candidates), _kth_best(candidates, top), _global_bound(candidates))
+
+
+def _anneal_best(instance, candidates, result, deadline, seed, top, moves) -> None:
+    """Anneal (solvers/annealing.py) the placements of the best configurations that their lower bound does not
+    settle, best first, `moves` proposals each from the current placement; the deadline stops it."""
+    from .annealing import anneal
+
+    order = sorted((c for c in candidates if c.estimate is not None), key=lambda c: c.estimate.iteration_time_s)
+    for cand in order[:max(ANNEAL_CONFIGURATIONS, top)]:
+        if cand.lower_bound_s >= cand.estimate.iteration_time_s * (1 - 1e-9):
+            continue  # already proven optimal for its configuration
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            result.stopped = "time limit"
+            return
+        found = anneal(instance, cand.config, seed=seed, max_moves=moves,
+                       time_limit_s=None if remaining == INF else remaining, start=cand.placement)
+        result.annealed += 1
+        if found.estimate.fits and found.estimate.iteration_time_s < cand.estimate.iteration_time_s:
+            cand.placement, cand.estimate = found.placement, found.estimate
+            cand.default_s = min(cand.default_s or INF, found.estimate.iteration_time_s)
 
 
 def _global_bound(candidates: list[Candidate]) -> float:

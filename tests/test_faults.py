@@ -17,6 +17,8 @@ import time
 import pytest
 
 from conftest import H100_128, REPO, build_instance
+
+H100_1024 = REPO / "instances" / "h100_1024.json"  # searched for several seconds: time to interrupt it
 from formulation import evaluate
 from solvers import backends, solve
 from solvers.search import NoPlanInTime, search
@@ -155,7 +157,7 @@ def test_interrupt_after_plans_exist_returns_the_best_so_far(monkeypatch, tmp_pa
 
 
 def _interrupt_after(seconds: float, output):
-    proc = subprocess.Popen([sys.executable, "-m", "solvers.cli", "--instance", str(H100_128), "--quiet",
+    proc = subprocess.Popen([sys.executable, "-m", "solvers.cli", "--instance", str(H100_1024), "--quiet",
                              "--output", str(output)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     time.sleep(seconds)
