@@ -17,6 +17,7 @@ stages). On h100_128 this is what makes the node with the half-speed NIC count.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -86,20 +87,44 @@ def weakest_cuts(cluster, limit: int = 3) -> list[tuple[float, int]]:
     return cuts
 
 
+@functools.lru_cache(maxsize=4)
+def span_bandwidth(cluster) -> np.ndarray:
+    """ub[N]: no group spanning N nodes has a slowest inter-node pair faster than this (N >= 2).
+
+    In a set S of N nodes, every member v meets the others over at most its (N-1)-th fastest link, so the
+    slowest pair of S is at most min over v in S of that; the best S can do is the N-th largest of these
+    figures over all nodes. Exact for N = all nodes (the slowest pair anywhere). O(n^2 log n), cached."""
+    n = len(cluster.nodes)
+    ub = np.full(n + 1, INF)
+    if n < 2:
+        return ub
+    W = np.array(cluster.inter_gb_per_s, dtype=float)
+    for (a, b), value in cluster.gpu_pair_gb_per_s.items():
+        i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
+        W[i, j] = W[j, i] = max(W[i, j], value)
+    np.fill_diagonal(W, -INF)
+    rows = -np.sort(-W, axis=1)[:, :n - 1]  # each node's links, fastest first
+    columns = -np.sort(-rows, axis=0)  # per rank of link, nodes fastest first
+    ub[2:] = columns[np.arange(1, n), np.arange(0, n - 1)]
+    return ub
+
+
 def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, per_node_cap: int,
-                    min_nodes: int = 1) -> float:
+                    min_nodes: int = 1, span: np.ndarray | None = None) -> float:
     """The smallest time any placement of a group of `size` can have over every shape (nodes spanned,
-    fewest members per node) with at least `min_nodes` nodes, at the given links."""
+    fewest members per node) with at least `min_nodes` nodes, at the given links (`span[N]` caps the
+    inter-node figure of a group over N nodes, see `span_bandwidth`)."""
     if size <= 1:
         return 0.0 if min_nodes <= 1 else INF
     best = INF
     for N in range(max(1, min_nodes), min(size, max_nodes) + 1):
         if N * per_node_cap < size:  # the nodes cannot hold the group
             continue
+        bw = inter if span is None or N == 1 else min(inter, float(span[N]))
         for k in ([size] if N == 1 else range(1, size // N + 1)):
             if k > per_node_cap:
                 continue
-            best = min(best, fn(GroupLinks(size, intra, inter, N, k)))
+            best = min(best, fn(GroupLinks(size, intra, bw, N, k)))
     return best
 
 
@@ -161,6 +186,8 @@ class _Parts:
     c_min: float
     rounds: int
     optimizer: float
+    span: np.ndarray = None  # see span_bandwidth
+    dp_cap: int = 0  # most members of one dp group on a node (0: per_node_cap)
     _constants: dict = field(default_factory=dict)
     _group_times: dict = field(default_factory=dict)
 
@@ -199,7 +226,7 @@ class _Parts:
         n = self.config.dp * self.config.cp
         if n == 1 or self.config.zero_stage >= 3:
             return []
-        cluster, cap = self.instance.cluster, per_node_cap or self.per_node_cap
+        cluster, cap = self.instance.cluster, per_node_cap or self.dp_cap or self.per_node_cap
         out = []
         for kind, message, overlapped, window in dp_sync_parts(self.instance, self.placement, self.constants(stage),
                                                                layers):
@@ -208,7 +235,8 @@ class _Parts:
                 def one(lk, kind=kind, message=message):
                     return cost.collective_time(kind, message, lk, cluster)
 
-                self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes)
+                self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes,
+                                                         self.span)
             t = self._group_times[key]
             out.append(max(0.0, t - window) if overlapped else t)
         return out
@@ -219,22 +247,32 @@ class _Parts:
 
     def dp_floor(self) -> float:
         """delta >= E_i for every stage i, and E_i >= the sum over its collectives of each one's smallest exposure
-        over the layer counts memory allows. Each collective's time is the minimum over group shapes of functions
+        over the layer counts memory allows; some stage holds at least ceil(L / pp) layers (rounded up to whole
+        vpp chunks), so delta is also at least the smallest such exposure over the stages that can. Each collective's time is the minimum over group shapes of functions
         affine in the message, which is affine in the layer count, as is the window that hides it: so the
         exposure max(0, concave) is smallest at the fewest or the most layers, and two evaluations suffice."""
         best = 0.0
-        v = self.config.vpp
-        for i in range(self.config.pp):
+        v, P = self.config.vpp, self.config.pp
+        heavy = math.ceil(self.instance.model.num_layers / P / v) * v  # some stage holds at least this many
+        loaded = INF
+        for i in range(P):
             most = max(self.caps[i], 0) // v * v
             if most < v:
                 continue
             fewest_parts = self.dp_part_exposures(i, v, self.inter, 1)
             most_parts = self.dp_part_exposures(i, most, self.inter, 1)
             best = max(best, sum(min(a, b) for a, b in zip(fewest_parts, most_parts)))
-        return best
+            if most >= heavy:
+                heavy_parts = self.dp_part_exposures(i, heavy, self.inter, 1)
+                loaded = min(loaded, sum(min(a, b) for a, b in zip(heavy_parts, most_parts)))
+        # ... and the stage holding at least the average number of layers is one of them
+        return max(best, loaded if loaded < INF else 0.0)
 
 
-def _parts(instance, config: Config) -> _Parts:
+def _parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None) -> _Parts:
+    """The pieces of (B1). `whole_tp`: under the assumption that every tp group lies inside one node (so a node
+    holds whole tp groups: at most gpus-per-node / tp members of any dp or cp group, and no two pipeline stages
+    when it holds a single tp group)."""
     model, job, cluster = instance.model, instance.training, instance.cluster
     p = placement_for(config, even_split(model.num_layers, config.pp), range(cluster.num_gpus))
     gpu_type = min(cluster.gpu_types.values(), key=lambda g: cost.layer_compute(model, job, p, g).forward)
@@ -243,29 +281,38 @@ def _parts(instance, config: Config) -> _Parts:
     first = stage_constants(instance, p, 0, gpu_type)
     last = stage_constants(instance, p, config.pp - 1, gpu_type)
     w_bytes, g_bytes, _ = job.bytes_per_param_state
+    span = span_bandwidth(cluster)
+    whole_tp = whole_tp and config.tp <= cap
+    dp_cap = cap // config.tp if whole_tp else cap  # members of one dp (or cp) group on a node
     tp = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, intra, inter,
-                         max_nodes, cap)
+                         1 if whole_tp else max_nodes, cap, span=span)
     cp = 0.0
     if config.cp > 1:
         best_bw = max(intra, inter) if intra != INF else inter
-        cp = cost.cp_layer_comm(model, job, p, best_bw, config.cp <= cap, cluster)
+        if whole_tp and config.cp > dp_cap:  # the ring cannot fit on one node
+            cp = cost.cp_layer_comm(model, job, p, min(intra, inter), False, cluster)
+        else:
+            cp = cost.cp_layer_comm(model, job, p, best_bw, config.cp <= cap, cluster)
     ag = rs = 0.0
     if config.zero_stage >= 3:
         n = config.dp * config.cp
         ag = best_group_time(lambda lk: cost.collective_time("all_gather", first.layer_params * w_bytes, lk, cluster),
-                             n, intra, inter, max_nodes, cap)
+                             n, intra, inter, max_nodes, dp_cap, span=span)
         rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
-                                                             cluster), n, intra, inter, max_nodes, cap)
+                                                             cluster), n, intra, inter, max_nodes, dp_cap, span=span)
     lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs)
     P, v = config.pp, config.vpp
     m = job.global_batch_size // (config.micro_batch_size * config.dp)
-    caps = partition_fits(instance, config, max(cluster.gpu_types.values(), key=lambda g: g.memory_gib))[1]
+    if caps is None:
+        caps = partition_fits(instance, config, max(cluster.gpu_types.values(), key=lambda g: g.memory_gib))[1]
     c_min, rounds = 0.0, 0
     if P > 1:
         sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
         message = cost.activation_message_bytes(model, job, p) / sp
-        fastest = max(intra, inter) if intra != INF else inter
-        c_min = cost.p2p_time(message, fastest, intra != INF and intra >= inter, cluster)
+        if whole_tp and dp_cap < 2 or intra == INF:  # one tp group per node: stage neighbours on other nodes
+            c_min = cost.p2p_time(message, inter, False, cluster)
+        else:
+            c_min = cost.p2p_time(message, max(intra, inter), intra >= inter, cluster)
         rounds = math.ceil(m / P) if v == 1 else 1
     heavy = math.ceil(model.num_layers / P)
     optimizer = min(cost.optimizer_step_time(
@@ -274,14 +321,50 @@ def _parts(instance, config: Config) -> _Parts:
     return _Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
                   max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
                   m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=lt.forward + lt.backward, c_min=c_min, rounds=rounds,
-                  optimizer=optimizer)
+                  optimizer=optimizer, span=span, dp_cap=dp_cap)
 
 
 def fast_bound(instance, config: Config) -> float:
-    """(B1) pipeline + chain + dp sync + optimizer + overhead, each at its best over partitions and maps."""
+    """(B1) pipeline + chain + dp sync + optimizer + overhead, each at its best over partitions and maps: the
+    smaller of (i) every tp group inside a node (`_parts(whole_tp=True)`) and (ii) some tp group across nodes,
+    whose stage then runs at that tp group's time (everything else at its unrestricted best)."""
     b = _parts(instance, config)
-    return (b.pipeline([b.u] * config.pp) + b.chain() + b.dp_floor() + b.optimizer
-            + b.gpu_type.iteration_overhead_s)
+    rest = b.chain() + b.dp_floor() + b.optimizer + b.gpu_type.iteration_overhead_s
+    if config.tp == 1 or config.tp > b.per_node_cap or len(instance.cluster.nodes) == 1:
+        return b.pipeline([b.u] * config.pp) + rest  # (i) or (ii) is certain: (B1) as is
+    whole = _parts(instance, config, whole_tp=True, caps=b.caps)
+    within = whole.pipeline([whole.u] * config.pp) + whole.chain() + whole.dp_floor() + rest - b.chain() - b.dp_floor()
+    model, job, p, cluster = instance.model, instance.training, b.placement, instance.cluster
+    split = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra, b.inter,
+                            b.max_nodes, b.per_node_cap, 2, b.span)
+    u_split = b.unit(split, b.cp, b.ag, b.rs)
+    stages = sorted({0, config.pp - 1} | {min(i for i in range(1, config.pp - 1) if b.caps[i] == c)
+                                          for c in set(b.caps[1:config.pp - 1])})
+    across = INF
+    for s in stages:
+        us = [b.u] * config.pp
+        us[s] = u_split
+        across = min(across, b.pipeline(us))
+    # Second split of the same space, on a stage h holding at least the average layer count (one exists):
+    # its tp groups inside nodes, so its dp groups narrow (A), or one across nodes, so h runs slow with at
+    # least that many layers (B). The bound is the larger of the two splits' minima.
+    v = config.vpp
+    heavy = math.ceil(instance.model.num_layers / config.pp / v) * v
+    loaded = INF
+    for i in range(config.pp):
+        most = max(b.caps[i], 0) // v * v
+        if most >= heavy:
+            at_heavy = whole.dp_part_exposures(i, heavy, whole.inter, 1)
+            at_most = whole.dp_part_exposures(i, most, whole.inter, 1)
+            loaded = min(loaded, sum(min(x, y) for x, y in zip(at_heavy, at_most)))
+    narrow_h = b.pipeline([b.u] * config.pp) + rest - b.dp_floor() + max(b.dp_floor(), loaded)
+    slow_h = INF
+    for s in stages:
+        us = [b.u] * config.pp
+        us[s] = u_split
+        for q in range(heavy, max(b.caps[s], 0) // v * v + 1, v):
+            slow_h = min(slow_h, b.pipeline(us, {s: q}) + rest)
+    return max(min(within, across + rest), min(narrow_h, slow_h))
 
 
 def cut_bound(instance, config: Config) -> float:
@@ -329,7 +412,7 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -
 
     def tp_time(bandwidth: float) -> float:
         return best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra,
-                               bandwidth, b.max_nodes, b.per_node_cap, 2)
+                               bandwidth, b.max_nodes, b.per_node_cap, 2, b.span)
 
     cases = {}
     if config.tp > 1:
@@ -346,7 +429,7 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -
             w_bytes, g_bytes, _ = job.bytes_per_param_state
             k = b.constants(0)
             return tuple(best_group_time(lambda lk, kind=kind, size=size: cost.collective_time(kind, size, lk, cluster),
-                                         n_dp, b.intra, cut, b.max_nodes, cap, 2)
+                                         n_dp, b.intra, cut, b.max_nodes, cap, 2, b.span)
                          for kind, size in (("all_gather", k.layer_params * w_bytes),
                                             ("reduce_scatter", k.layer_params * g_bytes)))
 
