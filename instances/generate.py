@@ -128,18 +128,38 @@ def measured_matrix(nodes: int, seed: int = 7) -> dict:
             matrix[i][j] = matrix[j][i] = round(rng.uniform(15.0, 25.0), 1)
     return _dgx_h100(
         f"measured_{nodes}",
-        f"Llama-3 8B, sequence 4096, global batch {16 * nodes} sequences on {nodes} nodes of 8 H100s whose "
+        f"Llama-3 70B, sequence 4096, global batch {16 * nodes} sequences on {nodes} nodes of 8 H100s whose "
         "inter-node bandwidth was measured pair by pair (uniform 15-25 GB/s per NIC, seeded): the "
-        "measured-matrix family of the annealing benchmark, where no two nodes are interchangeable.",
-        "llama3-8b",
+        "measured-matrix family of the annealing benchmark, where no two nodes are interchangeable and the "
+        "model needs pipeline stages whose data-parallel groups span some of the nodes, not all.",
+        "llama3-70b",
         {"global_batch_size": 16 * nodes, "seq_length": 4096, "recompute": ["none", "selective"], "zero_stage": [1],
          "max_micro_batch_size": 2, "context_parallel_sizes": [1], "virtual_pipeline_sizes": [1, 2]},
         _dgx_nodes(nodes, "m"),
         {"inter_node_gb_per_s": 25.0, "node_matrix_gb_per_s": matrix})
 
 
-BUILDERS = {"h100_128": h100_128, "h100_1024": h100_1024, "h100_16384": h100_16384,
-            "measured_16": lambda: measured_matrix(16), "measured_32": lambda: measured_matrix(32),
+def small_matrix(nodes: int, gpus: int, seed: int = 11) -> dict:
+    """A small cluster the exact program proves: `nodes` x `gpus` H100s, every node pair its own measured
+    bandwidth (uniform 15-25 GB/s per NIC, seeded), Llama-3 8B."""
+    rng = random.Random(seed * 100 + nodes * 10 + gpus)
+    matrix = [[0.0] * nodes for _ in range(nodes)]
+    for i in range(nodes):
+        for j in range(i + 1, nodes):
+            matrix[i][j] = matrix[j][i] = round(rng.uniform(15.0, 25.0), 1)
+    return _dgx_h100(
+        f"small_{nodes}x{gpus}",
+        f"Llama-3 8B, sequence 4096, global batch 32 sequences on {nodes} nodes of {gpus} H100s with measured, "
+        "all-different node-pair bandwidth: small enough for the exact program to prove its optimum.",
+        "llama3-8b",
+        {"global_batch_size": 32, "seq_length": 4096, "recompute": ["none", "full"], "zero_stage": [1],
+         "max_micro_batch_size": 2, "context_parallel_sizes": [1], "virtual_pipeline_sizes": [1, 2]},
+        [{"count": nodes, "prefix": "s", "gpu_type": "h100-sxm-80gb", "gpus": gpus}],
+        {"inter_node_gb_per_s": 25.0, "node_matrix_gb_per_s": matrix})
+
+
+BUILDERS = {"small_4x2": lambda: small_matrix(4, 2), "small_2x4": lambda: small_matrix(2, 4),"h100_128": h100_128, "h100_1024": h100_1024, "h100_16384": h100_16384,
+            "measured_4": lambda: measured_matrix(4), "measured_16": lambda: measured_matrix(16), "measured_32": lambda: measured_matrix(32),
             "measured_64": lambda: measured_matrix(64)}
 
 

@@ -38,6 +38,7 @@ class PlanResult:
     examined: int = 0
     fitting: int = 0
     default: tuple | None = None  # (placement, estimate) of the fastest Megatron-style default placement
+    history: list = field(default_factory=list)  # (seconds since the search began, best time) at each improvement
 
     def to_dict(self, cluster) -> dict:
         out = {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict(),
@@ -49,7 +50,7 @@ class PlanResult:
 
 
 def solve(instance, solver: str = "auto", time_limit: float | None = None, threads: int = 1, seed: int = 0,
-          top: int = 1, progress=None) -> PlanResult:
+          top: int = 1, progress=None, anneal_moves: int | None = -1) -> PlanResult:
     """Plan `instance`.
 
     solver: "anneal" (simulated annealing of the best default placements, with the global lower bound),
@@ -57,12 +58,21 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     "optimal" with a proof over the whole configuration space when it finishes), "auto" (CP-SAT, or CBC when
     OR-Tools is missing, where the cluster is small enough for the exact program; else the best default
     placement with the search's proven lower bound), or "baseline" (Megatron-style defaults, no bound).
+    anneal_moves: proposals per annealed configuration; None: the time left before `time_limit`, shared among
+    them, with a clock-driven cooling schedule; -1 (default): None when a time limit is given (a budget is
+    there to be used), else ANNEAL_MOVES (deterministic per seed).
     """
     import time
 
     from . import backends
     from .baseline import best_default
-    from .search import ANNEAL_MOVES, MAX_EXACT_SIZE, exact_is_tractable, search
+    from .search import (
+        ANNEAL_MOVES,
+        AUTO_PROGRAM_LIMIT_S,
+        MAX_EXACT_SIZE,
+        exact_is_tractable,
+        search,
+    )
 
     start = time.perf_counter()
     if solver == "baseline":
@@ -76,7 +86,7 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
         return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                           alternatives=[(r.placement, r.estimate) for r in result.best[1:]],
                           examined=result.examined, fitting=result.fitting, default=(best.placement, best.estimate))
-    annealing = solver == "anneal"
+    annealing, automatic = solver == "anneal", solver == "auto"
     if solver in ("auto", "anneal"):
         # CP-SAT closes these programs several times faster than CBC (tests/test_exact.py instances:
         # 2.6 s vs 14 s on the slowest); CBC when OR-Tools is missing
@@ -88,10 +98,15 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     # never means waiting for a program that cannot finish. "anneal" anneals the default placements only.
     exact = exact_is_tractable(instance) and not annealing
     found = search(instance, solver=solver, time_limit_s=time_limit, threads=threads, seed=seed, top=max(1, top),
-                   progress=progress, exact=exact, anneal_moves=0 if exact else ANNEAL_MOVES, refine=not annealing)
+                   progress=progress, exact=exact, refine=not annealing,
+                   anneal_moves=0 if exact else anneal_moves if anneal_moves != -1 else
+                   None if time_limit else ANNEAL_MOVES,
+                   program_limit_s=AUTO_PROGRAM_LIMIT_S if automatic and time_limit is None else None)
     best = found.ranked[0]
     objective = best.estimate.iteration_time_s
     gap = (objective - found.bound_s) / objective
+    moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES
+    moves_text = f"{moves} moves" if moves else "the time left"
     if exact:
         method = f"exact-{solver}"
         note = (f"{found.examined} configurations solved exactly or tried, {found.pruned} pruned by bound, "
@@ -99,21 +114,22 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     elif annealing:
         method = "anneal"
         note = (f"simulated annealing of the default placements of the {found.annealed} best of {found.candidates} "
-                f"configurations that fit ({ANNEAL_MOVES} moves each, seed {seed}), and the global lower bound of "
+                f"configurations that fit ({moves_text} each, seed {seed}), and the global lower bound of "
                 f"all of them")
     else:
         method = f"bound-only-{solver}"
         note = (f"{instance.cluster.num_gpus} GPUs x {len(instance.cluster.uniform_classes())} GPU classes exceeds "
                 f"the exact program's reach ({MAX_EXACT_SIZE}): default GPU maps with exactly optimised layer "
                 f"partitions for the {found.examined} most promising of {found.candidates} configurations that "
-                f"fit, annealed placements ({ANNEAL_MOVES} moves) for the {found.annealed} best, and the global "
+                f"fit, annealed placements ({moves_text}) for the {found.annealed} best, and the global "
                 f"lower bound of all of them")
     if found.stopped == "interrupted":
         note += "; interrupted (Ctrl-C): the best plan so far, the bound proven so far"
     elif found.stopped == "time limit":
         note += f"; stopped by the time limit ({time_limit:g} s)"
     if found.errors:
-        note += (f"; {len(found.errors)} solver failure(s), those configurations kept their cheap bound: "
+        note += (f"; {len(found.errors)} configuration(s) left unproven (solver failure or auto's per-program "
+                 f"limit), each keeping the bound it reached: "
                  f"{found.errors[0]}")
     report = SolverReport(method=method, status=found.status, objective_s=objective,
                           bound_s=found.bound_s, gap=max(0.0, gap), wall_time_s=time.perf_counter() - start,
@@ -122,7 +138,7 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                       alternatives=[(c.placement, c.estimate) for c in found.ranked[1:]],
                       examined=found.examined, fitting=len(found.ranked),
-                      default=(default.placement, default.estimate) if default else None)
+                      default=(default.placement, default.estimate) if default else None, history=found.history)
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:

@@ -25,8 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="solve", description="Plan LLM training on a GPU cluster: parallel sizes, layer partition and "
                                   "GPU-to-rank map that make an iteration fastest without running out of memory.",
-        epilog="Subcommands: 'solve validate --help', 'solve calibrate --help'. Exit codes: 0 plan found, "
-               "1 no feasible plan, 2 bad input.")
+        epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help'. Exit codes: "
+               "0 plan found, 1 no feasible plan, 2 bad input.")
     parser.add_argument("--instance", required=True, help="instance file (JSON or YAML): model, training, cluster")
     parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
@@ -68,6 +68,9 @@ def run(argv: list[str]) -> int:
     if argv and argv[0] in ("validate", "calibrate"):
         from . import validate
         return validate.main(argv[0], argv[1:])
+    if argv and argv[0] == "bench":
+        from . import bench
+        return bench.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.top < 1:
         return _fail(EXIT_BAD_INPUT, f"--top: expected a positive integer, got {args.top}")

@@ -59,6 +59,8 @@ class SearchResult:
     stopped: str = ""  # "time limit" or "interrupted" when the search ended early
     errors: list[str] = field(default_factory=list)  # backend failures (configuration: message)
     annealed: int = 0  # configurations whose placement was annealed
+    started: float = field(default_factory=time.perf_counter)
+    history: list = field(default_factory=list)  # (seconds since start, best time) at every improvement
 
 
 def _fits_somehow(instance, config: Config) -> bool:
@@ -67,11 +69,14 @@ def _fits_somehow(instance, config: Config) -> bool:
     return partition_fits(instance, config, gpu_type)[0]
 
 
-# The exact program grows with (ranks x uniform GPU classes); beyond this it is not solved within minutes by
-# either backend today (h100_128: 2,048 -> 275k rows, no feasible solution in 60 s). Larger clusters get
-# the bound-only search: the best default placement with the proven global lower bound. Decomposition for
-# large clusters (node-level maps, issue 4) lifts this.
-MAX_EXACT_SIZE = 256
+# The exact program grows with (ranks x uniform GPU classes). The test instances (up to 16) close in seconds;
+# measured_4 (32 ranks x 4 classes = 128) leaves one configuration at a 6 % gap after 60 s of CP-SAT, and
+# h100_128 (2,048: 275k rows) finds no solution in 60 s. Beyond this the bound-only search runs: default
+# maps with exactly optimised partitions, annealed placements, and the proven global lower bound.
+MAX_EXACT_SIZE = 64
+# `--solver auto` without --time-limit gives each exact program at most this long, so that a program that
+# will not close cannot hang the run; that configuration then keeps the bound reached (status says so).
+AUTO_PROGRAM_LIMIT_S = 60.0
 # Without the exact program and without --time-limit, time spent (after the enumeration) re-partitioning default maps
 # (solvers/partition.py), most promising configurations first.
 BOUND_ONLY_BUDGET_S = 8.0
@@ -90,8 +95,8 @@ class NoPlanInTime(Exception):
 
 
 def search(instance, solver: str = "cbc", time_limit_s: float | None = None, threads: int = 1, seed: int = 0,
-           top: int = 1, progress=None, exact: bool = True, anneal_moves: int = 0,
-           refine: bool = True) -> SearchResult:
+           top: int = 1, progress=None, exact: bool = True, anneal_moves: int | None = 0,
+           refine: bool = True, program_limit_s: float | None = None) -> SearchResult:
     """Bound and prune over every configuration. Stops early, with the best plan so far and an honest bound,
     at the time limit or on Ctrl-C (`stopped` says which); a backend failure leaves that configuration at its
     lower bound and is reported in `errors`."""
@@ -105,7 +110,7 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
         complete = _enumerate(instance, candidates, result, deadline, top)
         if complete:
             _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed,
-                              top, progress, exact, anneal_moves, refine)
+                              top, progress, exact, anneal_moves, refine, program_limit_s)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
     result.candidates = len(candidates)
@@ -154,6 +159,7 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
             est = evaluate(instance, default, check=False)
             if est.fits:
                 cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, default, est
+                _improved(result, cand.estimate.iteration_time_s)
         candidates.append(cand)
     result.candidates = len(candidates)
     if not candidates:
@@ -174,6 +180,11 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
     return True
 
 
+def _improved(result: SearchResult, value: float) -> None:
+    if not result.history or value < result.history[-1][1]:
+        result.history.append((time.perf_counter() - result.started, value))
+
+
 def _kth_best(candidates: list[Candidate], top: int) -> float:
     values = sorted(c.proven_s if c.proven_s is not None else c.default_s
                     for c in candidates if (c.proven_s or c.default_s) is not None)
@@ -181,7 +192,8 @@ def _kth_best(candidates: list[Candidate], top: int) -> float:
 
 
 def _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed, top,
-                      progress, exact, anneal_moves: int = 0, refine: bool = True) -> None:
+                      progress, exact, anneal_moves: int | None = 0, refine: bool = True,
+                      program_limit_s: float | None = None) -> None:
     """Most promising first, until no remaining lower bound beats the K-th best: exact programs, or (bound-only)
     exactly optimised partitions of the default maps within their own budget (`refine`), then annealing of the
     best configurations' placements (`anneal_moves` per configuration, 0: none)."""
@@ -204,7 +216,8 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
                 est = evaluate(instance, better)
                 if est.fits and (cand.default_s is None or est.iteration_time_s < cand.default_s):
                     cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, better, est
-        if anneal_moves:
+                    _improved(result, cand.estimate.iteration_time_s)
+        if anneal_moves != 0:
             _anneal_best(instance, candidates, result, deadline, seed, top, anneal_moves)
         return
     for cand in candidates:
@@ -220,6 +233,8 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
             cand.status, cand.bound_s = "infeasible", INF
             continue
         remaining = None if deadline == INF else max(0.05, deadline - time.perf_counter())
+        if program_limit_s is not None:
+            remaining = program_limit_s if remaining is None else min(remaining, program_limit_s)
         out = backend.solve(program, time_limit_s=remaining, threads=threads, seed=seed)
         cand.status = out.status
         if out.values is not None:
@@ -227,6 +242,7 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
             est = evaluate(instance, placement)
             if est.fits and (cand.default_s is None or est.iteration_time_s <= cand.default_s):
                 cand.placement, cand.estimate = placement, est
+                _improved(result, cand.estimate.iteration_time_s)
         if out.status == "optimal":
             cand.proven_s = cand.bound_s = cand.estimate.iteration_time_s if cand.estimate else INF
             result.solved += 1
@@ -237,7 +253,10 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
             result.errors.append(f"{cand.config.describe()}: {out.message}")
         else:  # no proof: the time limit, or the backend gave up on its own (CP-SAT UNKNOWN)
             cand.bound_s = max(cand.lower_bound_s, out.bound_s or 0.0)
-            if deadline == INF:
+            if program_limit_s is not None and out.wall_time_s >= 0.9 * program_limit_s:
+                result.errors.append(f"{cand.config.describe()}: its program was not closed within "
+                                     f"{program_limit_s:g} s (auto's limit per program); its bound is kept")
+            elif deadline == INF:
                 result.errors.append(f"{cand.config.describe()}: {solver} ended without a proof ({out.status})")
             else:
                 result.stopped = "time limit"
@@ -246,9 +265,11 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
 
 
 def _anneal_best(instance, candidates, result, deadline, seed, top, moves) -> None:
-    """Anneal (solvers/annealing.py) the placements of the best configurations that their lower bound does not
-    settle, best first, `moves` proposals each from the current placement; the deadline stops it."""
+    """Relocate weak nodes (solvers/relocate.py), then anneal (solvers/annealing.py) the placements of the best
+    configurations that their lower bound does not settle, best first, `moves` proposals each from the current placement (None: the time left until the
+    deadline, shared equally, with the annealer's clock-driven schedule); the deadline stops it."""
     from .annealing import anneal
+    from .relocate import relocate_weak_nodes
 
     order = sorted((c for c in candidates if c.estimate is not None), key=lambda c: c.estimate.iteration_time_s)
     for cand in order[:max(ANNEAL_CONFIGURATIONS, top)]:
@@ -258,11 +279,21 @@ def _anneal_best(instance, candidates, result, deadline, seed, top, moves) -> No
         if remaining <= 0:
             result.stopped = "time limit"
             return
+        moved = relocate_weak_nodes(instance, cand.placement, None if deadline == INF else deadline)
+        if moved.gpus != cand.placement.gpus:
+            est = evaluate(instance, moved)
+            if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
+                cand.placement, cand.estimate = moved, est
+                _improved(result, cand.estimate.iteration_time_s)
+        remaining = deadline - time.perf_counter()
+        if moves is None:  # the time budget shared by the configurations still to anneal
+            remaining /= max(1, min(len(order), max(ANNEAL_CONFIGURATIONS, top)) - result.annealed)
         found = anneal(instance, cand.config, seed=seed, max_moves=moves,
                        time_limit_s=None if remaining == INF else remaining, start=cand.placement)
         result.annealed += 1
         if found.estimate.fits and found.estimate.iteration_time_s < cand.estimate.iteration_time_s:
             cand.placement, cand.estimate = found.placement, found.estimate
+            _improved(result, cand.estimate.iteration_time_s)
             cand.default_s = min(cand.default_s or INF, found.estimate.iteration_time_s)
 
 

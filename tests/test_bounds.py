@@ -8,17 +8,17 @@ The instances give every node pair its own bandwidth, so the weakest cut (B2) di
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
 
 import pytest
+from test_exact import _maps
 
 from formulation import evaluate, instance_from_dict
-from formulation.placement import Placement
 from formulation.space import configurations, placement_for
 from solvers.bounds import cut_bound, fast_bound, least_slowest_stage, weakest_cuts
-from test_exact import _maps
 
 
 def node_matrix_instance(seed: int, shapes=((4, 1), (3, 2), (2, 3), (2, 2))) -> dict:
@@ -71,7 +71,7 @@ def test_bounds_never_exceed_the_brute_force_optimum_of_their_configuration(seed
         for split in splits(layers, config.pp, config.vpp):
             probe = placement_for(config, split, range(cluster.num_gpus))
             for gpus in maps:
-                est = evaluate(instance, Placement(**{**probe.__dict__, "gpus": gpus}), check=False)
+                est = evaluate(instance, dataclasses.replace(probe, gpus=gpus), check=False)
                 if est.fits:
                     best = min(best, est.iteration_time_s)
         if best == math.inf:
