@@ -118,14 +118,19 @@ def h100_16384(seed: int = 16384) -> dict:
         {"leaf_groups": {"nodes_per_group": 32, "cross_group_gb_per_s": 40.0}, "nodes": nics, "node_pairs": pairs})
 
 
-def measured_matrix(nodes: int, seed: int = 7) -> dict:
-    """The hard case Pipette profiles: every node pair its own measured bandwidth, uniform in 15-25 GB/s per
-    NIC (seeded), 8 GPUs per node at NVLink speed. No two nodes are interchangeable."""
-    rng = random.Random(seed * 1000 + nodes)
+def _pairwise_matrix(rng: random.Random, nodes: int) -> list[list[float]]:
+    """Every node pair its own measured bandwidth, uniform in 15-25 GB/s per NIC."""
     matrix = [[0.0] * nodes for _ in range(nodes)]
     for i in range(nodes):
         for j in range(i + 1, nodes):
             matrix[i][j] = matrix[j][i] = round(rng.uniform(15.0, 25.0), 1)
+    return matrix
+
+
+def measured_matrix(nodes: int, seed: int = 7) -> dict:
+    """The hard case Pipette profiles: every node pair its own measured bandwidth, uniform in 15-25 GB/s per
+    NIC (seeded), 8 GPUs per node at NVLink speed. No two nodes are interchangeable."""
+    matrix = _pairwise_matrix(random.Random(seed * 1000 + nodes), nodes)
     return _dgx_h100(
         f"measured_{nodes}",
         f"Llama-3 70B, sequence 4096, global batch {16 * nodes} sequences on {nodes} nodes of 8 H100s whose "
@@ -142,11 +147,7 @@ def measured_matrix(nodes: int, seed: int = 7) -> dict:
 def small_matrix(nodes: int, gpus: int, seed: int = 11) -> dict:
     """A small cluster the exact program proves: `nodes` x `gpus` H100s, every node pair its own measured
     bandwidth (uniform 15-25 GB/s per NIC, seeded), Llama-3 8B."""
-    rng = random.Random(seed * 100 + nodes * 10 + gpus)
-    matrix = [[0.0] * nodes for _ in range(nodes)]
-    for i in range(nodes):
-        for j in range(i + 1, nodes):
-            matrix[i][j] = matrix[j][i] = round(rng.uniform(15.0, 25.0), 1)
+    matrix = _pairwise_matrix(random.Random(seed * 100 + nodes * 10 + gpus), nodes)
     return _dgx_h100(
         f"small_{nodes}x{gpus}",
         f"Llama-3 8B, sequence 4096, global batch 32 sequences on {nodes} nodes of {gpus} H100s with measured, "
