@@ -138,7 +138,7 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                       alternatives=[(c.placement, c.estimate) for c in found.ranked[1:]],
                       examined=found.examined, fitting=len(found.ranked),
-                      default=(default.placement, default.estimate) if default else None, history=found.history)
+                      default=default.megatron if default else None, history=found.history)
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:

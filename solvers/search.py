@@ -35,7 +35,8 @@ INF = float("inf")
 class Candidate:
     config: Config
     lower_bound_s: float
-    default_s: float | None = None  # evaluator's time of the default placement, if it fits
+    default_s: float | None = None  # best time known without a proof: the default placement's, then improved
+    megatron: tuple | None = None  # (placement, estimate) of the Megatron-style default placement, if it fits
     proven_s: float | None = None  # exact optimum of this configuration, once solved
     bound_s: float | None = None  # best bound of this configuration after solving (= proven_s if optimal)
     placement: object = None
@@ -122,8 +123,8 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
     scored = sorted((c for c in candidates if c.estimate is not None),
                     key=lambda c: (c.estimate.iteration_time_s, c.config))
     result.ranked = scored[:top]
-    defaults = [c for c in candidates if c.default_s is not None]
-    result.best_default = min(defaults, key=lambda c: (c.default_s, c.config)) if defaults else None
+    defaults = [c for c in candidates if c.megatron is not None]
+    result.best_default = min(defaults, key=lambda c: (c.megatron[1].iteration_time_s, c.config)) if defaults else None
     kth = _kth_best(candidates, top)
     result.pruned = sum(1 for c in candidates if c.status == "unsolved" and c.lower_bound_s >= kth * (1 - 1e-9))
     best = result.ranked[0].estimate.iteration_time_s
@@ -159,6 +160,7 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
             est = evaluate(instance, default, check=False)
             if est.fits:
                 cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, default, est
+                cand.megatron = (default, est)
                 _improved(result, cand.estimate.iteration_time_s)
         candidates.append(cand)
     result.candidates = len(candidates)
@@ -265,33 +267,44 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
 
 
 def _anneal_best(instance, candidates, result, deadline, seed, top, moves) -> None:
-    """Relocate weak nodes (solvers/relocate.py), then anneal (solvers/annealing.py) the placements of the best
-    configurations that their lower bound does not settle, best first, `moves` proposals each from the current placement (None: the time left until the
-    deadline, shared equally, with the annealer's clock-driven schedule); the deadline stops it."""
+    """Relocate weak nodes (solvers/relocate.py), then anneal (solvers/annealing.py) the placements of the most
+    promising configurations that their lower bound does not settle: the best placements found so far, and
+    configurations with a lower bound below the incumbent but no fitting default placement (the annealer starts
+    those from a split that fits). `moves` proposals each (None: the time left until the deadline, shared
+    equally, with the annealer's clock-driven schedule); the deadline stops it."""
+    from formulation.errors import InfeasibleError
+
     from .annealing import anneal
     from .relocate import relocate_weak_nodes
 
-    order = sorted((c for c in candidates if c.estimate is not None), key=lambda c: c.estimate.iteration_time_s)
-    for cand in order[:max(ANNEAL_CONFIGURATIONS, top)]:
-        if cand.lower_bound_s >= cand.estimate.iteration_time_s * (1 - 1e-9):
-            continue  # already proven optimal for its configuration
+    incumbent = min((c.estimate.iteration_time_s for c in candidates if c.estimate is not None), default=INF)
+    open_ = [c for c in candidates if c.lower_bound_s < (c.estimate.iteration_time_s if c.estimate else incumbent)
+             * (1 - 1e-9)]
+    order = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound_s, c.config))
+    order = order[:max(ANNEAL_CONFIGURATIONS, top)]
+    for done, cand in enumerate(order):
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             result.stopped = "time limit"
             return
-        moved = relocate_weak_nodes(instance, cand.placement, None if deadline == INF else deadline)
-        if moved.gpus != cand.placement.gpus:
-            est = evaluate(instance, moved)
-            if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
-                cand.placement, cand.estimate = moved, est
-                _improved(result, cand.estimate.iteration_time_s)
-        remaining = deadline - time.perf_counter()
+        if cand.placement is not None:
+            moved = relocate_weak_nodes(instance, cand.placement, None if deadline == INF else deadline)
+            if moved.gpus != cand.placement.gpus:
+                est = evaluate(instance, moved)
+                if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
+                    cand.placement, cand.estimate = moved, est
+                    _improved(result, cand.estimate.iteration_time_s)
+            remaining = deadline - time.perf_counter()
         if moves is None:  # the time budget shared by the configurations still to anneal
-            remaining /= max(1, min(len(order), max(ANNEAL_CONFIGURATIONS, top)) - result.annealed)
-        found = anneal(instance, cand.config, seed=seed, max_moves=moves,
-                       time_limit_s=None if remaining == INF else remaining, start=cand.placement)
+            remaining /= len(order) - done
+        try:
+            found = anneal(instance, cand.config, seed=seed, max_moves=moves,
+                           time_limit_s=None if remaining == INF else remaining, start=cand.placement)
+        except InfeasibleError:  # no split of the default map fits: nothing to start from
+            continue
         result.annealed += 1
-        if found.estimate.fits and found.estimate.iteration_time_s < cand.estimate.iteration_time_s:
+        if found.estimate.fits and (cand.estimate is None
+                                    or found.estimate.iteration_time_s < cand.estimate.iteration_time_s):
             cand.placement, cand.estimate = found.placement, found.estimate
             _improved(result, cand.estimate.iteration_time_s)
             cand.default_s = min(cand.default_s or INF, found.estimate.iteration_time_s)

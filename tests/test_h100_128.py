@@ -94,3 +94,15 @@ def test_plan_is_no_slower_than_the_megatron_default(instance, plan_path):
     plan = json.loads(plan_path.read_text())
     default = evaluate(instance, default_placement(instance, **MEGATRON_DEFAULT))
     assert plan["estimate"]["iteration_time_s"] <= default.iteration_time_s * (1 + 1e-9)
+
+
+def test_the_reported_default_is_the_megatron_default_placement(h100, plan):
+    """The comparison printed with every plan is against a real Megatron-style default placement (even split,
+    ranks filled node by node), never a placement the search improved."""
+    from formulation.placement import default_split
+
+    placement, estimate = plan.default
+    assert placement.gpus == tuple(range(placement.world_size))
+    assert placement.layers_per_stage == default_split(h100.model.num_layers, placement.pp, placement.vpp)
+    assert estimate.iteration_time_s == evaluate(h100, placement).iteration_time_s
+    assert plan.estimate.iteration_time_s <= estimate.iteration_time_s
