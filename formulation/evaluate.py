@@ -12,7 +12,8 @@ import numpy as np
 from . import cost
 from .memory import StageMemory, memory_coefficients, stage_memory
 from .placement import Placement, check_placement
-from .stage import dp_sync_parts, layer_time, stage_constants
+from .stage import dp_sync as stage_dp_sync
+from .stage import iteration_time, layer_time, stage_constants, stage_passes
 
 
 @dataclass(frozen=True)
@@ -121,15 +122,11 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
                      for lk in dp_links)
         lt = layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs)
         # output layer and loss on the last stage: forward + 2x backward, never recomputed
-        fwd = layers * lt.forward + k.output_fwd
-        bwd = layers * lt.backward + 2 * k.output_fwd
+        fwd, bwd = stage_passes(k, lt, layers)
         compute = layers * (k.f_compute + k.b_compute) + 3 * k.output_fwd
         # (C11) data-parallel synchronisation after the stage's last backward
-        dp_sync = dp_exposed = 0.0
-        for kind, message, overlapped, window in dp_sync_parts(instance, p, k, layers):
-            time = max(cost.collective_time(kind, message, lk, cluster) for lk in dp_links)
-            dp_sync += time
-            dp_exposed += max(0.0, time - window) if overlapped else time
+        dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message, links=dp_links: max(
+            cost.collective_time(kind, message, lk, cluster) for lk in links))
         opt_fixed, opt_per_layer = memory_coefficients(instance, p, i).optimizer
         stages.append(StageEstimate(
             stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
@@ -152,7 +149,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
     dp_exposed = max(s.dp_exposed_s for s in stages)
     optimizer = max(s.optimizer_s for s in stages)
     overhead = max(cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
-    total = pipe + chain + dp_exposed + optimizer + overhead  # (C14)
+    total = iteration_time(pipe, chain, dp_exposed, optimizer, overhead)  # (C14)
     crit = stages[k]
     breakdown = {
         "compute_s": m * crit.compute_s,

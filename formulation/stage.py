@@ -99,3 +99,26 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
         return [("all_reduce", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers))]
     return [("reduce_scatter", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers)),
             ("all_gather", params * w_bytes, job.overlap_param_gather, k.window_f(layers))]
+
+
+def stage_passes(k: StageConstants, lt: LayerTime, layers: int) -> tuple[float, float]:
+    """A stage's forward and backward for one micro-batch: its layers, plus on the last stage the output
+    layer and loss (forward, then 2x for backward, never recomputed)."""
+    return layers * lt.forward + k.output_fwd, layers * lt.backward + 2 * k.output_fwd
+
+
+def dp_sync(instance, p, k: StageConstants, layers: int, slowest) -> tuple[float, float]:
+    """(C11) The stage's data-parallel sync and its exposed part: `slowest(kind, message)` is the time of the
+    stage's slowest dp group for that collective."""
+    total = exposed = 0.0
+    for kind, message, overlapped, window in dp_sync_parts(instance, p, k, layers):
+        time = slowest(kind, message)
+        total += time
+        exposed += max(0.0, time - window) if overlapped else time
+    return total, exposed
+
+
+def iteration_time(pipe: float, chain: float, dp_exposed: float, optimizer: float, overhead: float) -> float:
+    """(C14) The iteration: schedule, send/receive chain, then the slowest exposed dp sync, optimizer step and
+    per-iteration overhead (in this order of addition everywhere, so every scorer agrees to the bit)."""
+    return pipe + chain + dp_exposed + optimizer + overhead

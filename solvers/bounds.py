@@ -214,6 +214,15 @@ class _Parts:
             return 0.0
         return self.rounds * 2 * ((v * (P - 1) + (v - 1)) * self.c_min + v * slow_extra)
 
+    def distinct_stages(self) -> list[int]:
+        """One stage per kind: the first, the last, and per distinct memory cap one of the stages between (they
+        differ only in their cap, through the micro-batches in flight)."""
+        P = self.config.pp
+        middle = {}
+        for i in range(1, P - 1):
+            middle.setdefault(self.caps[i], i)
+        return sorted({0, P - 1, *middle.values()})
+
     def constants(self, stage: int):
         if stage not in self._constants:
             self._constants[stage] = stage_constants(self.instance, self.placement, stage, self.gpu_type)
@@ -338,8 +347,7 @@ def fast_bound(instance, config: Config) -> float:
     split = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra, b.inter,
                             b.max_nodes, b.per_node_cap, 2, b.span)
     u_split = b.unit(split, b.cp, b.ag, b.rs)
-    stages = sorted({0, config.pp - 1} | {min(i for i in range(1, config.pp - 1) if b.caps[i] == c)
-                                          for c in set(b.caps[1:config.pp - 1])})
+    stages = b.distinct_stages()
     across = INF
     for s in stages:
         us = [b.u] * config.pp
@@ -390,8 +398,7 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -
     p, P, v = b.placement, config.pp, config.vpp
     fixed_part = b.optimizer + b.gpu_type.iteration_overhead_s
     dp_floor = b.dp_floor()
-    # stages 1 .. P-2 differ only in their memory cap (in-flight micro-batches): one per distinct cap
-    stages = sorted({0, P - 1} | {min(i for i in range(1, P - 1) if b.caps[i] == c) for c in set(b.caps[1:P - 1])})
+    stages = b.distinct_stages()
     n_dp = config.dp * config.cp
     # A dp x cp group has at most one member per tp group of its stage. Either every node it spans holds at most
     # cap / tp of its members (a), or some node holds more, and then a tp group of the same stage spans nodes (b):

@@ -5,7 +5,7 @@
 group's links and times, every pipeline pair's send time, and each stage's composed time, exposed data-parallel
 sync, optimizer step, overhead and memory verdict. A move recomputes only the groups and stages it touches and
 recomposes the total with the same functions evaluate() calls (cost.group_links, cost.tp_layer_comm,
-cost.cp_layer_comm, cost.collective_time, cost.p2p_time, stage.layer_time, stage.dp_sync_parts,
+cost.cp_layer_comm, cost.collective_time, cost.p2p_time, stage.layer_time, stage.dp_sync,
 cost.optimizer_step_time, cost.pipeline_time, cost.p2p_chain, evaluate's _slowest_type and _stage_memory), in
 the same order, so the total equals evaluate(...).iteration_time_s (tests/test_annealing.py checks it).
 
@@ -32,7 +32,13 @@ from formulation import cost
 from formulation.evaluate import _slowest_type, _stage_memory
 from formulation.memory import memory_coefficients
 from formulation.space import placement_for
-from formulation.stage import dp_sync_parts, layer_time, stage_constants
+from formulation.stage import (
+    dp_sync,
+    iteration_time,
+    layer_time,
+    stage_constants,
+    stage_passes,
+)
 
 MEMO_LIMIT = 20_000_000  # group members held in cache keys (about 160 MB) before the caches are dropped
 
@@ -188,14 +194,16 @@ class FastScorer:
         if self.config.zero_stage >= 3:
             slack = sum(self._collective("all_gather", k.layer_params * self.w_bytes, lk)
                         + self._collective("reduce_scatter", k.layer_params * self.g_bytes, lk) for lk in dp_ids)
-        fwd = layers * lt.forward + k.output_fwd
-        bwd = layers * lt.backward + 2 * k.output_fwd
-        exposed = 0.0
-        for kind, message, overlapped, window in dp_sync_parts(self.instance, self.probe, k, layers):
+        fwd, bwd = stage_passes(k, lt, layers)
+        group_sums = []
+
+        def slowest(kind: str, message: float) -> float:
             times = [self._collective(kind, message, lk) for lk in dp_ids]
-            slack += sum(times)
-            time = max(times)
-            exposed += max(0.0, time - window) if overlapped else time
+            group_sums.append(sum(times))
+            return max(times)
+
+        _, exposed = dp_sync(self.instance, self.probe, k, layers, slowest)
+        slack += sum(group_sums)
         if i not in self._opt:
             self._opt[i] = memory_coefficients(self.instance, self.probe, i).optimizer
         opt_fixed, opt_per_layer = self._opt[i]
@@ -205,8 +213,8 @@ class FastScorer:
     def _compose(self, stages: list, bounds: list, wrap: float) -> float:
         pipe, _ = cost.pipeline_time([s[0] for s in stages], self.m, self.vpp)
         chain = cost.p2p_chain(bounds, wrap if self.vpp > 1 else 0.0, self.m, self.pp, self.vpp)
-        return (pipe + chain + max(s[1] for s in stages) + max(s[2] for s in stages)
-                + max(s[3] for s in stages))  # (C14), evaluate()'s order of addition
+        return iteration_time(pipe, chain, max(s[1] for s in stages), max(s[2] for s in stages),
+                              max(s[3] for s in stages))  # (C14)
 
     # ---- full build ---------------------------------------------------------------------------------------
     def rebuild(self) -> None:

@@ -52,14 +52,14 @@ def relocate_weak_nodes(instance, placement: Placement, deadline: float | None =
     best = evaluate(instance, placement, check=False)
     gpus = list(placement.gpus)
     per_stage = placement.world_size // placement.pp
-    for node in weak_nodes(cluster):
+    weak = weak_nodes(cluster)
+    for node in weak:
         if deadline is not None and time.perf_counter() >= deadline:
             break
         stage_of = {int(cluster.gpu_node[g]): r // per_stage for r, g in enumerate(gpus)}
         here = stage_of.get(node)
         if here is None:
             continue
-        weak = set(weak_nodes(cluster))
         stages = sorted((s for s in range(placement.pp) if s != here),
                         key=lambda s: (placement.layers_per_stage[s], s))[:STAGES_PER_NODE]
         for s in stages:
