@@ -81,41 +81,39 @@ def _degraded(rng: random.Random, count: int, nodes: int, prefix: str, pairs: in
     return nics, [{"nodes": [names[a], names[b]], "gb_per_s": 0.6 * 40.0} for a, b in congested]
 
 
-def h100_1024(seed: int = 1024) -> dict:
-    """128 DGX H100 nodes on a rail-optimised fat tree: leaf groups of 32 nodes (256 GPUs, one scalable unit);
-    within a group each NIC's rail reaches every other node at ~48 GB/s, across groups traffic crosses a spine
-    at ~40 GB/s. Two nodes with half-speed NICs and three congested node pairs at 60 % of the spine figure."""
-    rng = random.Random(seed)
-    nics, pairs = _degraded(rng, 2, 128, "h100-", 3)
+def _fat_tree(name: str, description: str, model: str, nodes: int, seed: int, slow_nics: int, congested: int,
+              **training) -> dict:
+    """DGX H100 nodes on a rail-optimised fat tree, leaf groups of 32 nodes (256 GPUs, one scalable unit) with
+    ~48 GB/s per NIC inside and a spine at ~40 GB/s between groups; a few half-speed NICs and congested pairs.
+    Batches of 2,048 sequences of 8,192 tokens (16M tokens per step, as in the Llama 3 pretraining runs)."""
+    nics, pairs = _degraded(random.Random(seed), slow_nics, nodes, "h100-", congested)
     return _dgx_h100(
+        name, description, model,
+        {"global_batch_size": 2048, "seq_length": 8192, "recompute": ["none", "selective", "full"], **training},
+        _dgx_nodes(nodes, "h100-"),
+        {"leaf_groups": {"nodes_per_group": 32, "cross_group_gb_per_s": 40.0}, "nodes": nics, "node_pairs": pairs})
+
+
+def h100_1024(seed: int = 1024) -> dict:
+    """128 nodes, two half-speed NICs and three congested node pairs at 60 % of the spine figure."""
+    return _fat_tree(
         "h100_1024",
         "Llama-3 70B, sequence 8192, global batch 2048 sequences (16M tokens per step, the batch size of the "
         "Llama 3 pretraining runs) on 128 DGX H100 nodes: a rail-optimised fat tree with leaf groups of 32 "
         "nodes and a spine at ~40 GB/s per NIC between groups, two half-speed NICs, three congested pairs.",
-        "llama3-70b",
-        {"global_batch_size": 2048, "seq_length": 8192, "recompute": ["none", "selective", "full"],
-         "zero_stage": [0, 1], "max_micro_batch_size": 2, "context_parallel_sizes": [1, 2],
-         "virtual_pipeline_sizes": [1, 2, 4, 5]},
-        _dgx_nodes(128, "h100-"),
-        {"leaf_groups": {"nodes_per_group": 32, "cross_group_gb_per_s": 40.0}, "nodes": nics, "node_pairs": pairs})
+        "llama3-70b", 128, seed, 2, 3, zero_stage=[0, 1], max_micro_batch_size=2, context_parallel_sizes=[1, 2],
+        virtual_pipeline_sizes=[1, 2, 4, 5])
 
 
 def h100_16384(seed: int = 16384) -> dict:
-    """2,048 DGX H100 nodes, the scale of the Llama 3 405B run: leaf groups of 32 nodes, a spine at ~40 GB/s
-    per NIC between groups, eight half-speed NICs and eight congested node pairs."""
-    rng = random.Random(seed)
-    nics, pairs = _degraded(rng, 8, 2048, "h100-", 8)
-    return _dgx_h100(
+    """2,048 nodes, the scale of the Llama 3 405B run: eight half-speed NICs and eight congested node pairs."""
+    return _fat_tree(
         "h100_16384",
         "Llama-3.1 405B, sequence 8192, global batch 2048 sequences (16M tokens per step, as in the Llama 3 "
         "paper's 405B run on 16K H100s) on 2,048 DGX H100 nodes: leaf groups of 32 nodes, spine at ~40 GB/s "
         "per NIC, eight half-speed NICs and eight congested node pairs.",
-        "llama3.1-405b",
-        {"global_batch_size": 2048, "seq_length": 8192, "recompute": ["none", "selective", "full"],
-         "zero_stage": [1], "max_micro_batch_size": 1, "context_parallel_sizes": [1, 2],
-         "virtual_pipeline_sizes": [1, 2, 4, 7]},
-        _dgx_nodes(2048, "h100-"),
-        {"leaf_groups": {"nodes_per_group": 32, "cross_group_gb_per_s": 40.0}, "nodes": nics, "node_pairs": pairs})
+        "llama3.1-405b", 2048, seed, 8, 8, zero_stage=[1], max_micro_batch_size=1, context_parallel_sizes=[1, 2],
+        virtual_pipeline_sizes=[1, 2, 4, 7])
 
 
 def _pairwise_matrix(rng: random.Random, nodes: int) -> list[list[float]]:

@@ -97,15 +97,13 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     # search instead (solvers/partition.py), and annealing polishes the best placements: asking for a backend
     # never means waiting for a program that cannot finish. "anneal" anneals the default placements only.
     exact = exact_is_tractable(instance) and not annealing
+    moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES
     found = search(instance, solver=solver, time_limit_s=time_limit, threads=threads, seed=seed, top=max(1, top),
-                   progress=progress, exact=exact, refine=not annealing,
-                   anneal_moves=0 if exact else anneal_moves if anneal_moves != -1 else
-                   None if time_limit else ANNEAL_MOVES,
+                   progress=progress, exact=exact, refine=not annealing, anneal_moves=0 if exact else moves,
                    program_limit_s=AUTO_PROGRAM_LIMIT_S if automatic and time_limit is None else None)
     best = found.ranked[0]
     objective = best.estimate.iteration_time_s
     gap = (objective - found.bound_s) / objective
-    moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES
     moves_text = f"{moves} moves" if moves else "the time left"
     if exact:
         method = f"exact-{solver}"

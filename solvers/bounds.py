@@ -33,16 +33,23 @@ from formulation.stage import dp_sync_parts, layer_time, stage_constants
 INF = float("inf")
 
 
+@functools.lru_cache(maxsize=2)
+def node_links(cluster) -> np.ndarray:
+    """N x N: the fastest GPU pair between two nodes (the node figure, or a faster measured GPU pair), -INF on
+    the diagonal. The graph the cut and span bounds reason about. Cached per cluster."""
+    W = np.array(cluster.inter_gb_per_s, dtype=float)
+    for (a, b), value in cluster.gpu_pair_gb_per_s.items():
+        i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
+        W[i, j] = W[j, i] = max(W[i, j], value)
+    np.fill_diagonal(W, -INF)
+    return W
+
+
 def cluster_extremes(cluster) -> tuple[float, float]:
     """Fastest intra-node and inter-node GPU-pair bandwidth anywhere in the cluster (INF: no such pair)."""
     intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for m in cluster.intra_gb_per_s if m.shape[0] > 1),
                 default=INF)
-    inter = INF
-    if len(cluster.nodes) > 1:
-        B = cluster.inter_gb_per_s
-        inter = float(B[~np.eye(B.shape[0], dtype=bool)].max())
-        if cluster.gpu_pair_gb_per_s:
-            inter = max(inter, max(cluster.gpu_pair_gb_per_s.values()))
+    inter = float(node_links(cluster).max()) if len(cluster.nodes) > 1 else INF
     return intra, inter
 
 
@@ -56,11 +63,7 @@ def weakest_cuts(cluster, limit: int = 3) -> list[tuple[float, int]]:
     n = len(cluster.nodes)
     if n < 2:
         return []
-    W = np.array(cluster.inter_gb_per_s, dtype=float)
-    for (a, b), value in cluster.gpu_pair_gb_per_s.items():
-        i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
-        W[i, j] = W[j, i] = max(W[i, j], value)
-    np.fill_diagonal(W, -INF)
+    W = node_links(cluster)
     in_tree = np.zeros(n, dtype=bool)
     in_tree[0] = True
     reach, via = W[0].copy(), np.zeros(n, dtype=int)
@@ -98,11 +101,7 @@ def span_bandwidth(cluster) -> np.ndarray:
     ub = np.full(n + 1, INF)
     if n < 2:
         return ub
-    W = np.array(cluster.inter_gb_per_s, dtype=float)
-    for (a, b), value in cluster.gpu_pair_gb_per_s.items():
-        i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
-        W[i, j] = W[j, i] = max(W[i, j], value)
-    np.fill_diagonal(W, -INF)
+    W = node_links(cluster)
     rows = -np.sort(-W, axis=1)[:, :n - 1]  # each node's links, fastest first
     columns = -np.sort(-rows, axis=0)  # per rank of link, nodes fastest first
     ub[2:] = columns[np.arange(1, n), np.arange(0, n - 1)]
@@ -333,11 +332,11 @@ def _parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | N
                   optimizer=optimizer, span=span, dp_cap=dp_cap)
 
 
-def fast_bound(instance, config: Config) -> float:
+def fast_bound(instance, config: Config, caps: list[int] | None = None) -> float:
     """(B1) pipeline + chain + dp sync + optimizer + overhead, each at its best over partitions and maps: the
     smaller of (i) every tp group inside a node (`_parts(whole_tp=True)`) and (ii) some tp group across nodes,
     whose stage then runs at that tp group's time (everything else at its unrestricted best)."""
-    b = _parts(instance, config)
+    b = _parts(instance, config, caps=caps)
     rest = b.chain() + b.dp_floor() + b.optimizer + b.gpu_type.iteration_overhead_s
     if config.tp == 1 or config.tp > b.per_node_cap or len(instance.cluster.nodes) == 1:
         return b.pipeline([b.u] * config.pp) + rest  # (i) or (ii) is certain: (B1) as is
@@ -379,11 +378,12 @@ def cut_bound(instance, config: Config) -> float:
     """(B2) the largest over the weakest cuts of `cut_bound_at`; (B1) for a single node."""
     base = fast_bound(instance, config)
     world = instance.cluster.num_gpus
-    return max([base] + [cut_bound_at(instance, config, bw, (side, world - side))
-                         for bw, side in weakest_cuts(instance.cluster)])
+    cuts = weakest_cuts(instance.cluster)
+    parts = _parts(instance, config) if cuts else None
+    return max([base] + [cut_bound_at(instance, config, bw, (side, world - side), parts) for bw, side in cuts])
 
 
-def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -> float:
+def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int], parts: _Parts | None = None) -> float:
     """(B2) for one cut: (B1) with one group across it, the smallest over which kind of group crosses.
 
     A kind of group need not be considered when the others alone cannot connect the two sides: if only the
@@ -392,7 +392,7 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -
     product over the rest; the bound is the largest over such D of the smallest over the rest.
     """
     cluster, model, job = instance.cluster, instance.model, instance.training
-    b = _parts(instance, config)
+    b = parts or _parts(instance, config)
     if cut >= b.inter:
         return -INF
     p, P, v = b.placement, config.pp, config.vpp
@@ -468,6 +468,7 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int]) -
     return best
 
 
-def lower_bound(instance, config: Config) -> float:
-    """A time no partition and no GPU map of `config` can beat: (B1), cheap, for every configuration."""
-    return fast_bound(instance, config)
+def lower_bound(instance, config: Config, caps: list[int] | None = None) -> float:
+    """A time no partition and no GPU map of `config` can beat: (B1), cheap, for every configuration. `caps`:
+    the stages' layer capacities when the caller has them (`partition_fits`)."""
+    return fast_bound(instance, config, caps)

@@ -64,10 +64,11 @@ class SearchResult:
     history: list = field(default_factory=list)  # (seconds since start, best time) at every improvement
 
 
-def _fits_somehow(instance, config: Config) -> bool:
-    """Some layer partition fits in memory on the GPU type with the most memory."""
+def _fits_somehow(instance, config: Config) -> tuple[bool, list[int]]:
+    """Whether some layer partition fits in memory on the GPU type with the most memory, and the stages'
+    layer capacities there (which the lower bound needs too)."""
     gpu_type = max(instance.cluster.gpu_types.values(), key=lambda g: g.memory_gib)
-    return partition_fits(instance, config, gpu_type)[0]
+    return partition_fits(instance, config, gpu_type)
 
 
 # The exact program grows with (ranks x uniform GPU classes). The test instances (up to 16) close in seconds;
@@ -145,7 +146,8 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
         if time.perf_counter() >= deadline:
             result.stopped = "time limit"
             return False
-        if not _fits_somehow(instance, config):
+        fits, caps = _fits_somehow(instance, config)
+        if not fits:
             result.infeasible += 1
             even = placement_for(config, even_split(instance.model.num_layers, config.pp), range(world))
             _, excess, stage = memory_feasible(instance, even)
@@ -153,7 +155,7 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
                 shortfall = (excess, f"{config.describe()}, whose stage {stage} exceeds its memory limit by "
                                      f"{excess:.1f} GiB with an even split (and no other split fits)")
             continue
-        cand = Candidate(config, lower_bound(instance, config))
+        cand = Candidate(config, lower_bound(instance, config, caps))
         split = default_split(instance.model.num_layers, config.pp, config.vpp)
         default = placement_for(config, split, range(world)) if split else None
         if default is not None and memory_feasible(instance, default)[0]:

@@ -123,11 +123,11 @@ def _interrupt_on_call(monkeypatch, n: int) -> None:
     import solvers.search as search_module
     real, calls = search_module.lower_bound, [0]
 
-    def bound(instance, config):
+    def bound(instance, config, caps=None):
         calls[0] += 1
         if calls[0] == n:
             raise KeyboardInterrupt
-        return real(instance, config)
+        return real(instance, config, caps)
 
     monkeypatch.setattr(search_module, "lower_bound", bound)
 
