@@ -91,6 +91,62 @@ def _max_group(groups: np.ndarray, fn) -> float:
     return max((fn(g) for g in groups), default=0.0)
 
 
+@dataclass(frozen=True)
+class StageLinks:
+    """What a stage's GPUs decide about its time, independent of its layer count: the GPU type it runs at,
+    its constants and one layer's time with its slowest tp / cp / ZeRO-3 groups, and its dp groups' links."""
+
+    gpu_type: object
+    constants: object  # StageConstants
+    layer: object  # LayerTime
+    dp_links: tuple
+
+
+def stage_links(instance, p: Placement, i: int) -> StageLinks:
+    """(C6), (C8), (C12) for stage i of `p` (its GPUs are p.grid[i]); the layer count does not enter."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    gpus = p.stage_gpus(i)
+    gpu_type = _slowest_type(cluster, gpus, model, job, p)
+    k = stage_constants(instance, p, i, gpu_type)
+    # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
+    tp = _max_group(p.tp_groups(i), lambda g: cost.tp_layer_comm(
+        model, job, p, cost.group_links(cluster, g), cluster)) if p.tp > 1 else 0.0
+    cp = 0.0
+    if p.cp > 1:
+        def ring(g):
+            links = cost.group_links(cluster, g)
+            return cost.cp_layer_comm(model, job, p, min(links.intra_gb_per_s, links.inter_gb_per_s),
+                                      links.nodes == 1, cluster)
+        cp = _max_group(p.cp_groups(i), ring)
+    dp_links = tuple(cost.group_links(cluster, g) for g in p.dp_cp_groups(i)) if p.dp * p.cp > 1 else ()
+    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    ag = rs = 0.0
+    if p.zero_stage >= 3 and dp_links:
+        ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
+        rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster) for lk in dp_links)
+    return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs), dp_links)
+
+
+def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLinks | None = None) -> StageEstimate:
+    """Stage i of `p` with `layers` layers: times per micro-batch, dp sync (C11), optimizer (C13), memory."""
+    job, cluster = instance.training, instance.cluster
+    sl = links or stage_links(instance, p, i)
+    k, lt, gpu_type = sl.constants, sl.layer, sl.gpu_type
+    # output layer and loss on the last stage: forward + 2x backward, never recomputed
+    fwd, bwd = stage_passes(k, lt, layers)
+    compute = layers * (k.f_compute + k.b_compute) + 3 * k.output_fwd
+    # (C11) data-parallel synchronisation after the stage's last backward
+    dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message: max(
+        cost.collective_time(kind, message, lk, cluster) for lk in sl.dp_links))
+    opt_fixed, opt_per_layer = memory_coefficients(instance, p, i).optimizer
+    return StageEstimate(
+        stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
+        tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
+        dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
+            (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
+        memory=_stage_memory(instance, p, i, layers, p.stage_gpus(i)))
+
+
 def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
     """Score a complete placement with the cost model (C1)-(C14) and memory model (M1)-(M7)."""
     if check:
@@ -98,42 +154,7 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
     model, job, cluster, p = instance.model, instance.training, instance.cluster, placement
     m = p.num_micro_batches(job.global_batch_size)
     sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
-    w_bytes, g_bytes, _ = job.bytes_per_param_state
-    stages = []
-    for i, layers in enumerate(p.layers_per_stage):
-        gpus = p.stage_gpus(i)
-        gpu_type = _slowest_type(cluster, gpus, model, job, p)
-        k = stage_constants(instance, p, i, gpu_type)
-        # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
-        tp = _max_group(p.tp_groups(i), lambda g: cost.tp_layer_comm(
-            model, job, p, cost.group_links(cluster, g), cluster)) if p.tp > 1 else 0.0
-        cp = 0.0
-        if p.cp > 1:
-            def ring(g):
-                links = cost.group_links(cluster, g)
-                return cost.cp_layer_comm(model, job, p, min(links.intra_gb_per_s, links.inter_gb_per_s),
-                                          links.nodes == 1, cluster)
-            cp = _max_group(p.cp_groups(i), ring)
-        dp_links = [cost.group_links(cluster, g) for g in p.dp_cp_groups(i)] if p.dp * p.cp > 1 else []
-        ag = rs = 0.0
-        if p.zero_stage >= 3 and dp_links:
-            ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
-            rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster)
-                     for lk in dp_links)
-        lt = layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs)
-        # output layer and loss on the last stage: forward + 2x backward, never recomputed
-        fwd, bwd = stage_passes(k, lt, layers)
-        compute = layers * (k.f_compute + k.b_compute) + 3 * k.output_fwd
-        # (C11) data-parallel synchronisation after the stage's last backward
-        dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message, links=dp_links: max(
-            cost.collective_time(kind, message, lk, cluster) for lk in links))
-        opt_fixed, opt_per_layer = memory_coefficients(instance, p, i).optimizer
-        stages.append(StageEstimate(
-            stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
-            tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
-            dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
-                (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
-            memory=_stage_memory(instance, p, i, layers, gpus)))
+    stages = [stage_estimate(instance, p, i, layers) for i, layers in enumerate(p.layers_per_stage)]
     # (C9) schedule, (C10) p2p chain
     times = [s.time_per_micro_batch_s for s in stages]
     pipe, k = cost.pipeline_time(times, m, p.vpp)
