@@ -52,8 +52,11 @@ def best_partition(instance, placement: Placement, solver: str = "cpsat", time_l
             prog.add({var: 1, **{v: -table[(j, q)][column] / unit for (j, q), v in lam.items() if j == i}}, ">=", 0,
                      "slowest stage")
     prog.objective = {tau: vpp * m - 1, delta: vpp, opt: vpp}
-    for (i, q), v in lam.items():
-        prog.objective[v] = table[(i, q)][0] / unit
+    for i in range(pp):  # stage times as variables: CP-SAT scales time constants only inside time rows
+        t_i = prog.var(f"t[{i}]")
+        prog.add({t_i: 1, **{v: -table[(j, q)][0] / unit for (j, q), v in lam.items() if j == i}}, ">=", 0,
+                 "stage time")
+        prog.objective[t_i] = 1
     prog.objective_constant = vpp * (chain + overhead) / unit
     prog.objective_divisor = vpp
     prog.tighten_upper_bounds()
