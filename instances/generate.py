@@ -157,9 +157,70 @@ def small_matrix(nodes: int, gpus: int, seed: int = 11) -> dict:
         {"inter_node_gb_per_s": 25.0, "node_matrix_gb_per_s": matrix})
 
 
+def _mixed(name: str, description: str, model: str, training: dict, pods: list[tuple[str, str, int]],
+           spine_gb_per_s: float) -> dict:
+    """Pods of one GPU type each (name prefix, catalog type, node count), 8 GPUs a node, bought in different
+    years: DGX H100/H200 with NVLink 4 (~450 GB/s) and one NDR 400G NIC per GPU (~48 GB/s), DGX A100 with
+    NVLink 3 (~230 GB/s all-reduce busbw) and one HDR 200G NIC per GPU (~24 GB/s). Each pod sits under its
+    own leaf switches; pods meet at a spine of `spine_gb_per_s` per NIC. Prices per GPU-hour are typical
+    2026 cloud list prices (for `--objective cost`)."""
+    fabric = {"h100-sxm-80gb": (450.0, 48.0, 2.5), "h200-sxm-141gb": (450.0, 48.0, 3.4),
+              "a100-sxm-80gb": (230.0, 24.0, 1.3)}
+    nodes, per_node, names = [], [], []
+    for prefix, gpu_type, count in pods:
+        for i in range(count):
+            node = f"{prefix}-{i:02d}"
+            names.append((node, prefix))
+            nodes.append({"name": node, "gpu_type": gpu_type, "gpus": 8})
+            intra, nic, _ = fabric[gpu_type]
+            per_node.append({"node": node, "intra_node_gb_per_s": intra, "inter_node_gb_per_s": nic})
+    matrix = [[0.0 if a == b else (fabric_nic if pa == pb else spine_gb_per_s)
+               for b, (nb, pb) in enumerate(names)
+               for fabric_nic in [min(per_node[a]["inter_node_gb_per_s"], per_node[b]["inter_node_gb_per_s"])]]
+              for a, (na, pa) in enumerate(names)]
+    types = {t: {"preset": t, "price_per_hour": fabric[t][2]} for t in sorted({t for _, t, _ in pods})}
+    return {
+        "name": name, "description": description, "model": {"preset": model},
+        "training": {"precision": "bf16", "memory_limit_fraction": 0.8, **training},
+        "cluster": {"gpu_types": types, "nodes": nodes,
+                    "network": {"intra_node_gb_per_s": 450.0, "inter_node_gb_per_s": 48.0,
+                                "intra_node_latency_us": 5.0, "inter_node_latency_us": 15.0,
+                                "nodes": per_node, "node_matrix_gb_per_s": matrix}},
+    }
+
+
+def a100_h100_64() -> dict:
+    """4 DGX H100 + 4 DGX A100-80GB nodes: the two-purchase cluster of issue 7."""
+    return _mixed(
+        "a100_h100_64",
+        "Llama-3 70B, sequence 4096, global batch 256 sequences (1M tokens per step) on 4 DGX H100 nodes and 4 "
+        "DGX A100-80GB nodes bought years apart: NDR 400G (~48 GB/s per NIC) in the H100 pod, HDR 200G (~24 "
+        "GB/s) in the A100 pod, a spine at ~24 GB/s between them. Mixed islands, uneven stages.",
+        "llama3-70b",
+        {"global_batch_size": 256, "seq_length": 4096, "recompute": ["none", "selective", "full"],
+         "zero_stage": [0, 1], "max_micro_batch_size": 2, "context_parallel_sizes": [1],
+         "virtual_pipeline_sizes": [1, 2]},
+        [("h100", "h100-sxm-80gb", 4), ("a100", "a100-sxm-80gb", 4)], 24.0)
+
+
+def mixed_256() -> dict:
+    """32 nodes of three types: 8 DGX H200, 8 DGX H100, 16 DGX A100-80GB."""
+    return _mixed(
+        "mixed_256",
+        "Llama-3 70B, sequence 8192, global batch 512 sequences (4M tokens per step) on 32 nodes of three "
+        "purchases: 8 DGX H200 (141 GB), 8 DGX H100, 16 DGX A100-80GB, each pod under its own leaf switches "
+        "and a spine at ~40 GB/s per NIC between pods (A100 pairs are capped by their HDR NICs).",
+        "llama3-70b",
+        {"global_batch_size": 512, "seq_length": 8192, "recompute": ["selective", "full"],
+         "zero_stage": [1], "max_micro_batch_size": 1, "context_parallel_sizes": [1],
+         "virtual_pipeline_sizes": [1]},
+        [("h200", "h200-sxm-141gb", 8), ("h100", "h100-sxm-80gb", 8), ("a100", "a100-sxm-80gb", 16)], 40.0)
+
+
 BUILDERS = {"small_4x2": lambda: small_matrix(4, 2), "small_2x4": lambda: small_matrix(2, 4),"h100_128": h100_128, "h100_1024": h100_1024, "h100_16384": h100_16384,
             "measured_4": lambda: measured_matrix(4), "measured_16": lambda: measured_matrix(16), "measured_32": lambda: measured_matrix(32),
-            "measured_64": lambda: measured_matrix(64)}
+            "measured_64": lambda: measured_matrix(64),
+            "a100_h100_64": a100_h100_64, "mixed_256": mixed_256}
 
 
 def write(name: str, data: dict, out_dir: Path) -> Path:

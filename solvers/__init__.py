@@ -22,11 +22,20 @@ class SolverReport:
     wall_time_s: float
     seed: int
     note: str = ""
+    objective: str = "time"  # what was minimised: time (s per iteration), cost (price per million tokens), gpus
+    objective_value: float | None = None  # in the objective's unit (= objective_s for time)
+    bound_value: float | None = None
+    islands: list = field(default_factory=list)  # mixed clusters: per island what it is, what it hosts, why idle
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "status": self.status, "objective_s": self.objective_s,
-                "bound_s": self.bound_s, "gap": self.gap, "wall_time_s": self.wall_time_s, "seed": self.seed,
-                "note": self.note}
+        out = {"method": self.method, "status": self.status, "objective_s": self.objective_s,
+               "bound_s": self.bound_s, "gap": self.gap, "wall_time_s": self.wall_time_s, "seed": self.seed,
+               "note": self.note, "objective": self.objective}
+        if self.objective != "time":
+            out["objective_value"], out["bound_value"] = self.objective_value, self.bound_value
+        if self.islands:
+            out["islands"] = self.islands
+        return out
 
 
 @dataclass
@@ -49,8 +58,14 @@ class PlanResult:
         return out
 
 
+def is_mixed(instance) -> bool:
+    """More than one GPU type: planned as islands composed into pipelines (solvers/compose.py)."""
+    return len({n.gpu_type for n in instance.cluster.nodes}) > 1
+
+
 def solve(instance, solver: str = "auto", time_limit: float | None = None, threads: int = 1, seed: int = 0,
-          top: int = 1, progress=None, anneal_moves: int | None = -1) -> PlanResult:
+          top: int = 1, progress=None, anneal_moves: int | None = -1, objective: str = "time",
+          required_tokens_per_s: float | None = None) -> PlanResult:
     """Plan `instance`.
 
     solver: "anneal" (simulated annealing of the best default placements, with the global lower bound),
@@ -75,6 +90,12 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     )
 
     start = time.perf_counter()
+    if solver in ("auto", "cbc", "cpsat") and (is_mixed(instance) or objective != "time"):
+        from .islands_plan import solve_composed
+        return solve_composed(instance, solver=solver, time_limit=time_limit, threads=threads, seed=seed, top=top,
+                              progress=progress, objective=objective, required_tokens_per_s=required_tokens_per_s)
+    if objective != "time":
+        raise ValueError(f"objective {objective!r} needs the composition search (--solver auto, cbc or cpsat)")
     if solver == "baseline":
         result = best_default(instance, top=max(1, top), progress=progress)
         best = result.best[0]

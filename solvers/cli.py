@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
                              "bound, then annealed placements for the best configurations), and the report says "
                              "which; anneal: simulated annealing of the best default placements with the proven "
                              "global lower bound; baseline: Megatron-style defaults only, no bound")
+    parser.add_argument("--objective", default="time", choices=["time", "cost", "gpus"],
+                        help="time: fastest iteration (default); cost: least GPU price per trained token (per-type "
+                             "price_per_hour in the instance); gpus: fewest GPUs reaching --required-tokens-per-s. "
+                             "Clusters of several GPU types, and cost / gpus, use the island composition search")
+    parser.add_argument("--required-tokens-per-s", type=float, default=None, metavar="TOK",
+                        help="throughput the plan must reach (with --objective gpus)")
     parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="wall-clock limit in seconds")
     parser.add_argument("--threads", type=int, default=1, help="solver threads")
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
@@ -74,6 +80,11 @@ def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.top < 1:
         return _fail(EXIT_BAD_INPUT, f"--top: expected a positive integer, got {args.top}")
+    if args.objective == "gpus" and not (args.required_tokens_per_s and args.required_tokens_per_s > 0):
+        return _fail(EXIT_BAD_INPUT, "--required-tokens-per-s: expected a positive throughput with --objective gpus")
+    if args.objective != "time" and args.solver in ("anneal", "baseline"):
+        return _fail(EXIT_BAD_INPUT, f"--objective {args.objective}: needs --solver auto, cbc or cpsat, "
+                                     f"not {args.solver}")
     if args.time_limit is not None and args.time_limit <= 0:
         return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
     try:
@@ -112,6 +123,13 @@ def run(argv: list[str]) -> int:
                   f"seed {s.seed}")
     if s.note:
         console.print(f"  ({s.note})")
+    if s.objective != "time":
+        from .islands_plan import UNITS
+        console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
+                      f"(bound {s.bound_value:.6g})")
+    if s.islands:
+        from .report import islands_table
+        print_tables([islands_table(s.islands)], console)
     _print_default_comparison(instance, result, console)
     for rank, (p, e) in enumerate(result.alternatives, start=2):
         console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
@@ -174,7 +192,7 @@ def _write_outputs(args, instance, plan, console) -> int:
 def _solve_with_progress(instance, args, solve):
     """Run the search, with a progress bar on an interactive terminal unless --quiet."""
     kwargs = dict(solver=args.solver, time_limit=args.time_limit, threads=args.threads, seed=args.seed,
-                  top=args.top)
+                  top=args.top, objective=args.objective, required_tokens_per_s=args.required_tokens_per_s)
     if args.quiet or not sys.stderr.isatty():
         return solve(instance, **kwargs)
     from rich.progress import Progress

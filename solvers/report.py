@@ -74,3 +74,16 @@ def print_tables(tables, console: Console | None = None) -> None:
     console = console or Console()
     for table in tables:
         console.print(table)
+
+
+def islands_table(islands: list[dict]) -> Table:
+    """Mixed clusters: what each island of identical GPUs hosts, and why any of its GPUs stay idle."""
+    table = Table(title="islands (identical GPU type and links)")
+    for col in ("island", "GPUs", "stages", "layers", "idle", "why idle"):
+        table.add_column(col, justify="right" if col in ("GPUs", "layers", "idle") else "left")
+    for r in islands:
+        stages = r["stages"]
+        span = "none" if not stages else (f"{stages[0]}" if len(stages) == 1 else f"{stages[0]}-{stages[-1]}")
+        table.add_row(escape(r["island"]), str(r["gpus"]), span, str(r["layers"]), str(r["idle_gpus"]),
+                      escape(r["why_idle"]) or "-")
+    return table

@@ -1,0 +1,187 @@
+"""Mixed GPU types: islands, the composition program against brute force and the evaluator, objectives.
+
+The brute force shares nothing with the program but `evaluate()` and the slot layout: for every configuration
+it enumerates every sequence of islands along the pipeline (each island one contiguous run, within its slots)
+and every layer partition, builds the placement (an island's stages take its slots in pipeline order), scores
+it with `evaluate()` and keeps the fastest that fits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from formulation import evaluate, instance_from_dict
+from formulation.composition import build_composition, island_tables
+from formulation.islands import find_islands, island_slots
+from formulation.space import placement_for
+from solvers import backends, solve
+from solvers.compose import compose_search, configurations, objective_value
+
+from conftest import REPO
+
+AVAILABLE = backends.available()
+BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
+            for name, ok in AVAILABLE.items()]
+
+
+def mixed_dict(seed: int) -> dict:
+    """A seeded small mixed cluster: nodes of H100 and A100-80GB (and sometimes a slow-NIC H100 node), each
+    type with its own NVLink and NIC figures; tight memory for some seeds."""
+    rng = random.Random(seed)
+    per_node = rng.choice([1, 2])
+    h, a = rng.choice([(1, 1), (2, 1), (1, 2)])
+    layers = rng.choice([3, 4, 5])
+    nodes = [{"name": f"h{i}", "gpu_type": "h100-sxm-80gb", "gpus": per_node} for i in range(h)]
+    nodes += [{"name": f"a{i}", "gpu_type": "a100-sxm-80gb", "gpus": per_node} for i in range(a)]
+    per = [{"node": f"h{i}", "intra_node_gb_per_s": 400.0, "inter_node_gb_per_s": rng.choice([24.0, 48.0])}
+           for i in range(h)]
+    per += [{"node": f"a{i}", "intra_node_gb_per_s": 200.0, "inter_node_gb_per_s": 24.0} for i in range(a)]
+    hidden = rng.choice([512, 1024])
+    types = {"h100-sxm-80gb": {"price_per_hour": 2.5}, "a100-sxm-80gb": {"price_per_hour": 1.0}}
+    if seed % 3 == 0:  # tight memory: some stages fit on one type only
+        types["a100-sxm-80gb"]["memory_gib"] = 3.9 + hidden / 512
+        types["h100-sxm-80gb"]["memory_gib"] = 6.0 + hidden / 512
+        for t in types.values():
+            t["runtime_overhead_gib"] = 1.0
+    return {
+        "name": f"mixed{seed}",
+        "model": {"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": hidden * 3,
+                  "num_attention_heads": 8, "num_key_value_heads": rng.choice([2, 4]), "vocab_size": 32000},
+        "training": {"global_batch_size": rng.choice([4, 8]), "seq_length": rng.choice([1024, 2048]),
+                     "recompute": rng.sample(["none", "selective", "full"], 2), "zero_stage": [rng.choice([0, 1])],
+                     "max_micro_batch_size": rng.choice([1, 2]), "context_parallel_sizes": [1],
+                     "virtual_pipeline_sizes": [1, 2]},
+        "cluster": {"gpu_types": types, "nodes": nodes,
+                    "network": {"intra_node_gb_per_s": 400.0, "inter_node_gb_per_s": 48.0, "nodes": per}},
+    }
+
+
+def brute_force(instance, config, islands) -> float:
+    """Fastest fitting composition of one configuration, by enumeration (inf if none fits)."""
+    cluster, L = instance.cluster, instance.model.num_layers
+    S = config.tp * config.cp * config.dp
+    slots = [island_slots(isl, cluster, S, config.tp) for isl in islands]
+    best = float("inf")
+    counts = [q for q in range(config.vpp, L + 1, config.vpp)]
+    for seq in itertools.product(range(len(islands)), repeat=config.pp):
+        runs = [k for j, k in enumerate(seq) if j == 0 or seq[j - 1] != k]
+        if len(runs) != len(set(runs)) or any(seq.count(k) > len(slots[k]) for k in set(seq)):
+            continue
+        used = [0] * len(islands)
+        gpus = []
+        for k in seq:
+            gpus += slots[k][used[k]]
+            used[k] += 1
+        for split in itertools.product(counts, repeat=config.pp):
+            if sum(split) != L:
+                continue
+            est = evaluate(instance, placement_for(config, split, gpus))
+            if est.fits:
+                best = min(best, est.iteration_time_s)
+    return best
+
+
+def test_islands_of_the_shipped_mixed_instances():
+    from formulation import load_instance
+
+    two = find_islands(load_instance(REPO / "instances" / "a100_h100_64.json").cluster)
+    assert [(i.gpu_type, i.num_gpus) for i in two] == [("h100-sxm-80gb", 32), ("a100-sxm-80gb", 32)]
+    three = find_islands(load_instance(REPO / "instances" / "mixed_256.json").cluster)
+    assert sorted((i.gpu_type, i.num_gpus) for i in three) == [("a100-sxm-80gb", 128), ("h100-sxm-80gb", 64),
+                                                               ("h200-sxm-141gb", 64)]
+
+
+def test_a_slow_nic_node_is_an_island_of_its_own():
+    data = mixed_dict(1)
+    data["cluster"]["nodes"] = [{"name": f"h{i}", "gpu_type": "h100-sxm-80gb", "gpus": 2} for i in range(4)]
+    data["cluster"]["network"]["nodes"] = [{"node": "h2", "inter_node_gb_per_s": 12.0}]
+    islands = find_islands(instance_from_dict(data, "<test>", REPO).cluster)
+    assert [i.nodes for i in islands] == [(0, 1, 3), (2,)]
+    # every block of the node matrix is one figure
+    inter = instance_from_dict(data, "<test>", REPO).cluster.inter_gb_per_s
+    for a in islands:
+        for b in islands:
+            values = {float(inter[x, y]) for x in a.nodes for y in b.nodes if x != y}
+            assert len(values) <= 1
+
+
+@pytest.mark.parametrize("solver", BACKENDS)
+@pytest.mark.parametrize("seed", range(8))
+def test_composition_equals_brute_force_and_evaluator(seed, solver):
+    instance = instance_from_dict(mixed_dict(seed), "<test>", REPO)
+    islands = find_islands(instance.cluster)
+    checked = 0
+    for config in configurations(instance, islands):
+        if config.pp > 4:
+            continue
+        expected = brute_force(instance, config, islands)
+        try:
+            comp = build_composition(instance, config, island_tables(instance, config, islands))
+        except ValueError:
+            assert expected == float("inf")
+            continue
+        out = backends.get(solver).solve(comp.program, time_limit_s=60)
+        if expected == float("inf"):
+            assert out.status == "infeasible"
+            continue
+        assert out.status == "optimal", config
+        est = evaluate(instance, comp.decode(out.values))
+        assert est.fits
+        assert est.iteration_time_s == pytest.approx(out.objective_s, rel=1e-6), config
+        assert est.iteration_time_s == pytest.approx(expected, rel=1e-6), config
+        checked += 1
+    assert checked > 0
+
+
+def test_search_is_optimal_over_all_configurations():
+    instance = instance_from_dict(mixed_dict(4), "<test>", REPO)
+    islands = find_islands(instance.cluster)
+    best = min(brute_force(instance, c, islands) for c in configurations(instance, islands) if c.pp <= 5)
+    found = compose_search(instance)
+    assert found.status == "optimal"
+    assert found.ranked[0].estimate.iteration_time_s == pytest.approx(best, rel=1e-6)
+
+
+def test_adding_slower_gpus_never_makes_the_plan_slower():
+    for seed in (2, 5, 7):
+        instance = instance_from_dict(mixed_dict(seed), "<test>", REPO)
+        islands = find_islands(instance.cluster)
+        everything = compose_search(instance).ranked[0].estimate.iteration_time_s
+        for isl in islands:
+            alone = compose_search(instance, islands=[isl])
+            assert everything <= alone.ranked[0].estimate.iteration_time_s * (1 + 1e-9)
+
+
+def test_a_type_that_cannot_hold_a_stage_is_left_out_and_said_so():
+    data = mixed_dict(2)
+    data["cluster"]["gpu_types"]["a100-sxm-80gb"]["memory_gib"] = 2.0  # below the runtime overhead alone
+    instance = instance_from_dict(data, "<test>", REPO)
+    result = solve(instance)
+    used_types = {instance.cluster.gpu_type_of(g).name for g in result.placement.gpus}
+    assert used_types == {"h100-sxm-80gb"}
+    a100 = [r for r in result.solver.islands if r["gpu_type"] == "a100-sxm-80gb"]
+    assert a100 and all(r["idle_gpus"] == r["gpus"] and "cannot hold" in r["why_idle"] for r in a100)
+
+
+def test_cost_and_gpu_count_objectives():
+    instance = instance_from_dict(mixed_dict(5), "<test>", REPO)
+    fastest = solve(instance)
+    cheapest = solve(instance, objective="cost")
+    assert cheapest.solver.status == "optimal"
+    cost = lambda r: objective_value(instance, "cost", r.placement, r.estimate)  # noqa: E731
+    assert cost(cheapest) <= cost(fastest) * (1 + 1e-9)
+    assert fastest.estimate.iteration_time_s <= cheapest.estimate.iteration_time_s * (1 + 1e-9)
+    assert cheapest.solver.objective_value == pytest.approx(cost(cheapest))
+    # fewest GPUs for half the best throughput: it reaches it, and no smaller world can (brute force)
+    need = fastest.estimate.tokens_per_s / 2
+    few = solve(instance, objective="gpus", required_tokens_per_s=need)
+    assert few.estimate.tokens_per_s >= need * (1 - 1e-9)
+    tokens = instance.training.global_batch_size * instance.training.seq_length
+    islands = find_islands(instance.cluster)
+    for config in configurations(instance, islands):
+        world = config.tp * config.cp * config.dp * config.pp
+        if world < few.placement.world_size:
+            assert tokens / brute_force(instance, config, islands) < need
