@@ -39,6 +39,7 @@ class IslandTable:
     optimizer: dict[tuple[int, int], float] = field(default_factory=dict)
     p2p_next_slot: float = 0.0  # to the next slot in the same node
     p2p_next_node: float = 0.0  # to the first slot of the next node of the island
+    figures: tuple | None = None  # the search's per-island bound figures, cached (solvers/compose.py)
 
 
 def role(i: int, pp: int) -> int:
@@ -119,9 +120,9 @@ class Composition:
 
 
 def build_composition(instance, config: Config, tables: list[IslandTable],
-                      stages_on: dict[int, int] | None = None, cutoff_s: float | None = None) -> Composition:
-    """(H1)-(H8) for one configuration; `stages_on` fixes how many stages some islands host (the cost and
-    GPU-count objectives enumerate it); `cutoff_s` admits only iteration times up to it (then "infeasible"
+                      stages_on: dict[str, int] | None = None, cutoff_s: float | None = None) -> Composition:
+    """(H1)-(H8) for one configuration; `stages_on` fixes how many stages the islands of each GPU type host
+    together (the cost objective enumerates it: the price depends on nothing else); `cutoff_s` admits only iteration times up to it (then "infeasible"
     means: nothing here is that fast). Raises ValueError when no stage fits anywhere."""
     prog, c, L = Program(config=config), config, instance.model.num_layers
     job = instance.training
@@ -134,7 +135,7 @@ def build_composition(instance, config: Config, tables: list[IslandTable],
     for i in range(P):
         options = []
         for k, tb in enumerate(tables):
-            if not tb.slots or (stages_on is not None and stages_on.get(k, 1) == 0):
+            if not tb.slots or (stages_on is not None and stages_on.get(tb.island.gpu_type, 0) == 0):
                 continue
             for q in range(v, min(tb.caps[i], L - v * (P - 1)) + 1, v):
                 w[(i, k, q)] = prog.var(f"w[{i},{k},{q}]", "binary")
@@ -152,14 +153,17 @@ def build_composition(instance, config: Config, tables: list[IslandTable],
     def on(i: int, k: int) -> dict[int, float]:
         return by_stage_island.get((i, k), {})
 
-    # (H3) island capacity (slots), or the fixed stage counts
+    # (H3) island capacity (slots), and the fixed stage counts per GPU type
     for k, tb in enumerate(tables):
         terms = {var: 1 for (_, kk, _), var in w.items() if kk == k}
         if terms:
-            if stages_on is not None and k in stages_on:
-                prog.add(terms, "==", stages_on[k], "H3 stages on an island (fixed)")
-            else:
-                prog.add(terms, "<=", len(tb.slots), "H3 island capacity")
+            prog.add(terms, "<=", len(tb.slots), "H3 island capacity")
+    for gpu_type, count in (stages_on or {}).items():
+        terms = {var: 1 for (_, kk, _), var in w.items() if tables[kk].island.gpu_type == gpu_type}
+        if count and not terms:
+            raise ValueError(f"no stage fits on {gpu_type}")
+        if terms:
+            prog.add(terms, "==", count, "H3 stages on a GPU type (fixed)")
     # (H4) each island's stages are one contiguous run: at most one start
     start = {}
     for k in range(K):

@@ -204,9 +204,10 @@ def _solve_with_progress(instance, args, solve):
             if examined is None:  # the baseline sweep: one tick per configuration
                 bar.advance(task)
                 return
+            unit = {"time": " s", "cost": " per M tokens", "gpus": " GPUs"}[args.objective]
             bar.update(task, completed=examined, total=total,
-                       description=f"solved {examined} of {total} configurations, incumbent {incumbent:.4f} s, "
-                                   f"bound {bound:.4f} s")
+                       description=f"solved {examined} of {total} configurations, incumbent {incumbent:.4f}{unit}, "
+                                   f"bound {bound:.4f}{unit}")
 
         return solve(instance, progress=progress, **kwargs)
 

@@ -7,7 +7,7 @@ bound (H9) valid for every composition; candidates are solved exactly with the c
 optimal over the whole space of island compositions, with the gap stated when a time limit stops it.
 
 Objectives: "time" (iteration time), "cost" (GPU price per trained token: the used GPUs' price per hour x
-iteration time / tokens; the stage count per island is enumerated so that the price is a constant of each
+iteration time / tokens; the stage count per GPU type is enumerated so that the price is a constant of each
 program), "gpus" (the fewest GPUs whose plan reaches `required_tokens_per_s`, then the fastest of those).
 """
 
@@ -34,11 +34,11 @@ OBJECTIVES = ("time", "cost", "gpus")
 
 @dataclass
 class Option:
-    """One program of the search: a configuration, and for the cost objective the stages per island."""
+    """One program of the search: a configuration, and for the cost objective the stages per GPU type."""
 
     config: Config
     lower_bound: float  # in the objective's unit
-    stages_on: dict | None = None
+    stages_on: dict | None = None  # cost objective: GPU type -> stages it hosts
     status: str = "unsolved"
     bound: float | None = None  # after solving
     placement: object = None
@@ -57,7 +57,8 @@ class ComposeResult:
     candidates: int = 0
     solved: int = 0
     pruned: int = 0
-    infeasible: int = 0
+    infeasible: int = 0  # configurations whose stages fit nowhere (or no composition fits)
+    refuted: int = 0  # programs that proved nothing in them beats the incumbent (cutoff)
     stopped: str = ""
     errors: list[str] = field(default_factory=list)
     history: list = field(default_factory=list)
@@ -111,45 +112,60 @@ def configurations(instance, islands: list[Island]):
                                     yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero)
 
 
-def time_lower_bound(instance, config: Config, tables, usable: list[int]) -> float:
+def time_lower_bound(instance, config: Config, tables, usable: list[int], counts: dict | None = None) -> float:
     """(H9) valid for every composition on the islands `usable`: with u_k the per-layer time of a middle
     stage and out_k the output layer on island k, sum_i t_i >= L min u + min out and the slowest stage holds
     at least ceil(L / pp) layers; the schedule m tau + (sum - tau) / vpp grows in both; the stage with the
     most layers pays at least the cheapest optimizer step for them; overhead at its least."""
     L, P, v = instance.model.num_layers, config.pp, config.vpp
     m = instance.training.global_batch_size // (config.micro_batch_size * config.dp)
-    per_layer, output, opt, over = [], [], [], []
     most = math.ceil(L / P)
-    for k in usable:
-        tb = tables[k]
+    figures = [_island_figures(instance, config, tables[k]) for k in usable]
+    per_layer = [f[0] for f in figures]
+    total = L * min(per_layer) + min(f[1] for f in figures)
+    if counts is None:  # one group: any pp stages of the usable islands
+        groups = [(P, list(range(len(usable))))]
+    else:  # per GPU type exactly its count of stages
+        groups = [(n, [j for j, k in enumerate(usable) if tables[k].island.gpu_type == t]) for t, n in counts.items()]
+    tau = max(total / P, most * min(per_layer), _balanced_stage([tables[k] for k in usable], groups, per_layer, L))
+    total = max(total, tau)
+    return m * tau + (total - tau) / v + min(f[2] for f in figures) + min(f[3] for f in figures)
+
+
+def _island_figures(instance, config: Config, tb) -> tuple[float, float, float, float]:
+    """Island k's least per-layer time over the stage roles, output layer, cheapest optimizer step of a stage
+    with ceil(L / pp) layers, and per-iteration overhead (cached on the table: the cost objective asks for
+    them once per stage count vector)."""
+    if getattr(tb, "figures", None) is None:
+        P, most = config.pp, math.ceil(instance.model.num_layers / config.pp)
         tpl = placement_for(config, (1,) * P, tuple(tb.slots[0]) * P)
         links = {r: stage_links(instance, tpl, r) for r in {role(i, P) for i in range(P)}}
-        per_layer.append(min(lk.layer.forward + lk.layer.backward for lk in links.values()))
-        output.append(3 * links[P - 1].constants.output_fwd)
+        opt = []
         for r in links:
             fixed, per = memory_coefficients(instance, tpl, r).optimizer
             opt.append(cost.optimizer_step_time((fixed + per * most) / instance.training.bytes_per_param_state[2],
                                                 tb.gpu_type))
-        over.append(tb.gpu_type.iteration_overhead_s)
-    total = L * min(per_layer) + min(output)
-    tau = max(total / P, most * min(per_layer), _balanced_stage(config, [tables[k] for k in usable], per_layer, L))
-    total = max(total, tau)
-    return m * tau + (total - tau) / v + min(opt) + min(over)
+        tb.figures = (min(lk.layer.forward + lk.layer.backward for lk in links.values()),
+                      3 * links[P - 1].constants.output_fwd, min(opt), tb.gpu_type.iteration_overhead_s)
+    return tb.figures
 
 
-def _balanced_stage(config: Config, tables, per_layer: list[float], L: int) -> float:
+def _balanced_stage(tables, groups: list[tuple[int, list[int]]], per_layer: list[float], L: int) -> float:
     """The least slowest-stage time of any composition, with layers taken as divisible: at time tau a stage on
-    island k holds at most min(cap_k, tau / u_k) layers and island k hosts at most its slots; the best P
-    stages must hold all L layers. Monotone in tau: bisection."""
+    island k holds at most min(cap_k, tau / u_k) layers and island k hosts at most its slots; each group of
+    islands hosts (at most) its number of stages, and the best stages must hold all L layers. Monotone in
+    tau: bisection."""
     caps = [max(tb.caps) for tb in tables]
 
     def holds(tau: float) -> float:
-        per_stage = sorted(((min(cap, tau / u), len(tb.slots)) for cap, u, tb in zip(caps, per_layer, tables)),
-                           reverse=True)
-        left, total = config.pp, 0.0
-        for amount, count in per_stage:
-            take = min(left, count)
-            total, left = total + take * amount, left - take
+        total = 0.0
+        for limit, members in groups:
+            per_stage = sorted(((min(caps[j], tau / per_layer[j]), len(tables[j].slots)) for j in members),
+                               reverse=True)
+            left = limit
+            for amount, count in per_stage:
+                take = min(left, count)
+                total, left = total + take * amount, left - take
         return total
 
     lo, hi = 0.0, L * max(per_layer)
@@ -202,15 +218,15 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
                 world = config.tp * config.cp * config.dp * P
                 options.append(Option(config, world + lb_time / (10 * max_time)))  # GPUs first, then time
         else:
-            caps = [len(tables[k].slots) for k in usable]
-            for counts in itertools.product(*[range(min(c, P) + 1) for c in caps]):
+            types = sorted({tables[k].island.gpu_type for k in usable})
+            room = [sum(len(tables[k].slots) for k in usable if tables[k].island.gpu_type == t) for t in types]
+            for counts in itertools.product(*[range(min(c, P) + 1) for c in room]):
                 if sum(counts) != P:
                     continue
-                on = dict(zip(usable, counts))
-                used = [k for k in usable if on[k]]
-                rate = _rate(instance, islands, config, on)
-                lb = time_lower_bound(instance, config, tables, used)
-                options.append(Option(config, rate * lb / tokens * 1e6, stages_on={k: on.get(k, 0) for k in usable}))
+                on = {t: n for t, n in zip(types, counts) if n}
+                used = [k for k in usable if tables[k].island.gpu_type in on]
+                lb = time_lower_bound(instance, config, tables, used, on)
+                options.append(Option(config, _rate(instance, config, on) * lb / tokens * 1e6, stages_on=on))
     result.candidates = len(options)
     if not options:
         if objective == "gpus" and tables_of:
@@ -248,11 +264,10 @@ def _kth(options: list[Option], top: int) -> float:
     return values[top - 1] if len(values) >= top else INF
 
 
-def _rate(instance, islands, config: Config, stages_on: dict) -> float:
-    """Price per second of the GPUs used when island k hosts stages_on[k] stages."""
+def _rate(instance, config: Config, stages_on: dict) -> float:
+    """Price per second of the GPUs used when GPU type t hosts stages_on[t] stages."""
     S = config.tp * config.cp * config.dp
-    return sum(n * S * instance.cluster.gpu_types[islands[k].gpu_type].price_per_hour
-               for k, n in stages_on.items()) / 3600.0
+    return sum(n * S * instance.cluster.gpu_types[t].price_per_hour for t, n in stages_on.items()) / 3600.0
 
 
 def _solve_options(instance, options, tables_of, result, backend, objective, max_time, deadline, threads, seed,
@@ -274,7 +289,7 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
         if objective == "time" and kth < INF:
             cutoff = kth
         elif objective == "cost" and kth < INF:
-            cutoff = kth * tokens / (_rate(instance, result.islands, config, option.stages_on) * 1e6)
+            cutoff = kth * tokens / (_rate(instance, config, option.stages_on) * 1e6)
         elif objective == "gpus":
             cutoff = max_time
         try:
@@ -304,6 +319,7 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
             result.solved += 1
         elif out.status == "infeasible":  # nothing as good as the cutoff
             option.bound = INF if cutoff is None or objective == "gpus" else kth
+            result.refuted += cutoff is not None
         else:
             option.bound = option.lower_bound
             if objective == "time" and out.bound_s is not None:
@@ -311,4 +327,4 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
             if out.status == "error":
                 result.errors.append(f"{config.describe()}: {out.message}")
         if progress:
-            progress(n + 1, len(options), _kth(options, top), None)
+            progress(n + 1, len(options), _kth(options, top), options[min(n + 1, len(options) - 1)].lower_bound)

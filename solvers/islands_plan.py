@@ -15,7 +15,7 @@ from .compose import compose_search
 UNITS = {"time": "s per iteration", "cost": "price per million tokens", "gpus": "GPUs"}
 
 
-def island_report(instance, placement, islands) -> list[dict]:
+def island_report(instance, placement, islands, objective: str = "time") -> list[dict]:
     """Per island: its GPUs, the stages it hosts, its idle GPUs and the reason they are idle."""
     cluster = instance.cluster
     S = placement.tp * placement.cp * placement.dp
@@ -38,8 +38,10 @@ def island_report(instance, placement, islands) -> list[dict]:
         elif idle < S:
             why = f"{idle} GPUs left over, fewer than one stage's {S}"
         else:
-            why = ("the proven optimum uses fewer of its stage slots: every plan that uses more of them is no "
-                   "better (slower links or GPUs would set the pace)")
+            why = {"time": "the proven fastest plan leaves them out: using more of them is no faster (a slower "
+                           "type or link would set the pace, or the stages would not balance)",
+                   "cost": "the proven cheapest plan per token leaves them out: they would add more price than speed",
+                   "gpus": "the required throughput is reached with fewer GPUs"}[objective]
         out.append({"island": isl.describe(cluster), "gpu_type": isl.gpu_type, "gpus": isl.num_gpus,
                     "stages": stages, "layers": sum(placement.layers_per_stage[i] for i in stages),
                     "idle_gpus": idle, "why_idle": why})
@@ -64,12 +66,13 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     best = found.ranked[0]
     value = best.value
     gap = max(0.0, (value - found.bound) / value) if value else 0.0
-    islands = island_report(instance, best.placement, found.islands)
+    islands = island_report(instance, best.placement, found.islands, objective)
     idle = sum(r["idle_gpus"] for r in islands)
     names = "; ".join(f"{r['island']}: stages {r['stages'] or 'none'}" for r in islands)
     note = (f"{len(found.islands)} islands ({names}); {found.candidates} configurations"
-            f"{' x island stage counts' if objective == 'cost' else ''} bounded, {found.solved} composition programs "
-            f"solved to optimality, {found.pruned} pruned by bound, {found.infeasible} do not fit; "
+            f"{' x stage counts per GPU type' if objective == 'cost' else ''} bounded, {found.solved} composition programs "
+            f"solved to optimality, {found.refuted} shown by their program to be no better than the incumbent, "
+            f"{found.pruned} pruned by bound, {found.infeasible} do not fit; "
             f"{idle} GPU(s) idle")
     if objective == "gpus":
         note += f"; fewest GPUs reaching {required_tokens_per_s:g} tokens/s"
