@@ -22,6 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_INSTANCES = ["small_2x4", "small_4x2", "measured_4", "measured_16", "measured_32", "measured_64", "h100_128",
                      "h100_1024", "h100_16384"]
 QUICK_INSTANCES = ["small_4x2", "measured_16", "h100_128"]
+# Mixed GPU types (issue 7): the composed plan against the best plan on the largest island alone and against
+# the type-blind Megatron default (even split over all GPUs, every stage at its slowest GPU's pace).
+MIXED_INSTANCES = ["a100_h100_64", "mixed_256"]
+MIXED_METHODS = ["default", "largest-island", "best-island", "auto", "cbc", "cpsat"]
 # Beyond this many GPUs the configuration sweep alone outlasts a budget of seconds: only the default and
 # `auto` without a limit run there.
 BUDGET_RUNS_MAX_GPUS = 2048
@@ -36,7 +40,30 @@ def _run(instance, method: str, seed: int, budget: float) -> dict:
         found = best_default(instance)
         best = found.best[0].estimate.iteration_time_s
         return {"objective_s": best, "bound_s": None, "gap": None, "wall_s": time.perf_counter() - started,
-                "history": [(time.perf_counter() - started, best)], "status": "feasible", "reported": "default"}
+                "history": [(time.perf_counter() - started, best)], "status": "feasible", "reported": "default",
+                "tokens_per_s": found.best[0].estimate.tokens_per_s}
+    if method in ("largest-island", "best-island"):
+        from formulation.errors import InfeasibleError
+        from formulation.islands import find_islands
+
+        from .compose import compose_search
+        islands = find_islands(instance.cluster)
+        if method == "largest-island":
+            islands = [max(islands, key=lambda i: (i.num_gpus, instance.cluster.gpu_types[i.gpu_type].peak_tflops))]
+        runs = []
+        for isl in islands:
+            try:
+                runs.append((compose_search(instance, islands=[isl]), isl))
+            except InfeasibleError:  # the model does not fit on this island alone
+                continue
+        found, isl = min(runs, key=lambda r: r[0].ranked[0].estimate.iteration_time_s)
+        best = found.ranked[0].estimate
+        return {"objective_s": best.iteration_time_s, "bound_s": found.bound,
+                "gap": (best.iteration_time_s - found.bound) / best.iteration_time_s,
+                "wall_s": time.perf_counter() - started, "history": [(time.perf_counter() - started,
+                                                                      best.iteration_time_s)],
+                "status": found.status, "reported": f"islands, {isl.describe(instance.cluster)} only",
+                "tokens_per_s": best.tokens_per_s}
     kwargs = {"seed": seed}
     if method.endswith("@budget"):
         kwargs["time_limit"] = budget
@@ -44,7 +71,8 @@ def _run(instance, method: str, seed: int, budget: float) -> dict:
     result = solve(instance, solver=solver, **kwargs)
     s = result.solver
     return {"objective_s": s.objective_s, "bound_s": s.bound_s, "gap": s.gap, "wall_s": s.wall_time_s,
-            "history": result.history, "status": s.status, "reported": s.method}
+            "history": result.history, "status": s.status, "reported": s.method,
+            "tokens_per_s": result.estimate.tokens_per_s}
 
 
 def _time_to(history: list, target: float) -> float | None:
@@ -91,6 +119,7 @@ def run_bench(names: list[str], seeds: int, budget: float, methods: list[str], p
                 "bound_s": _median(r["bound_s"] for r in group), "gap": _median(r["gap"] for r in group),
                 "vs_best": _median(r["vs_best"] for r in group), "wall_s": _median(r["wall_s"] for r in group),
                 "time_to_1pct_s": _median(r["time_to_1pct_s"] for r in group),
+                "tokens_per_s": _median(r.get("tokens_per_s") for r in group),
                 "optimal": sum(r["status"] == "optimal" for r in group)})
     return {"budget_s": budget, "seeds": seeds, "runs": runs, "summary": summary}
 
@@ -103,12 +132,12 @@ def print_table(result: dict, console) -> None:
     from rich.table import Table
 
     table = Table(title=f"bench: medians over seeds; '@budget' = {result['budget_s']:g} s wall-clock limit")
-    for col in ("instance", "GPUs", "method", "reported as", "objective [s]", "bound [s]", "gap", "vs best",
-                "wall [s]", "to 1 % [s]", "optimal"):
+    for col in ("instance", "GPUs", "method", "reported as", "objective [s]", "tokens/s", "bound [s]", "gap",
+                "vs best", "wall [s]", "to 1 % [s]", "optimal"):
         table.add_column(col, justify="left" if col in ("instance", "method", "reported as") else "right")
     for s in result["summary"]:
         table.add_row(s["instance"], f"{s['gpus']:,}", s["method"], s["reported"], f"{s['objective_s']:.4f}",
-                      _fmt(s["bound_s"], "{:.4f}"), _fmt(s["gap"] and 100 * s["gap"], "{:.2f} %"),
+                      _fmt(s["tokens_per_s"], "{:,.0f}"), _fmt(s["bound_s"], "{:.4f}"), _fmt(s["gap"] and 100 * s["gap"], "{:.2f} %"),
                       f"{100 * s['vs_best']:+.2f} %", f"{s['wall_s']:.2f}", _fmt(s["time_to_1pct_s"], "{:.2f}"),
                       f"{s['optimal']}/{s['runs']}")
     console.print(table)
@@ -145,7 +174,7 @@ def _write(result: dict, out: Path) -> list[Path]:
     from . import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
-    fields = ["instance", "gpus", "method", "seed", "reported", "status", "objective_s", "bound_s", "gap",
+    fields = ["instance", "gpus", "method", "seed", "reported", "status", "objective_s", "tokens_per_s", "bound_s", "gap",
               "wall_s", "time_to_1pct_s", "vs_best"]
     tmp = out / "bench.csv.tmp"
     with open(tmp, "w", newline="") as f:
@@ -171,7 +200,14 @@ def main(argv: list[str]) -> int:
                                                          "anneal@budget"])
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.csv/json/png go")
     parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK_INSTANCES)}, 2 seeds, 5 s budget")
+    parser.add_argument("--mixed", action="store_true",
+                        help=f"mixed GPU types: {', '.join(MIXED_INSTANCES)} with {', '.join(MIXED_METHODS)} "
+                             f"(largest-island / best-island: the best plan on the largest island alone / on the "
+                             f"best single island; default: type-blind even split over all GPUs)")
     args = parser.parse_args(argv)
+    if args.mixed:
+        args.instances = args.instances or MIXED_INSTANCES
+        args.methods = MIXED_METHODS if args.methods == parser.get_default("methods") else args.methods
     if args.seeds < 1 or args.budget <= 0:
         print("error: --seeds and --budget must be positive")
         return 2
