@@ -294,7 +294,7 @@ def slow_links(cluster) -> tuple[list[int], list[tuple[int, int, float, float]],
     nodes fall into islands (connected by links at >= 75% of that reference, e.g. leaf switches); a pair is slow
     when it is below 75% of the median pair between the same two islands (so an oversubscribed spine is the
     islands' normal, and a congested pair inside it stands out). Intra-node pairs are compared with the
-    median intra-node pair of the cluster.
+    median intra-node pair of the nodes of the same GPU type.
     """
     import networkx as nx
     n = len(cluster.nodes)
@@ -304,7 +304,10 @@ def slow_links(cluster) -> tuple[list[int], list[tuple[int, int, float, float]],
     if n > 1:
         best = np.nanmax(bw, axis=1)
         reference = float(np.median(best))
-        slow_nic = [i for i in range(n) if best[i] < SLOW * reference]
+        # a node is compared with nodes of its own GPU type: another purchase's older NICs are not a fault
+        types = [node.gpu_type for node in cluster.nodes]
+        peers = {t: float(np.median([best[i] for i in range(n) if types[i] == t])) for t in set(types)}
+        slow_nic = [i for i in range(n) if best[i] < SLOW * peers[types[i]]]
         graph = nx.Graph()
         graph.add_nodes_from(range(n))
         graph.add_edges_from((a, b) for a in range(n) for b in range(a + 1, n) if bw[a, b] >= SLOW * reference)
@@ -321,11 +324,16 @@ def slow_links(cluster) -> tuple[list[int], list[tuple[int, int, float, float]],
                 expected = float(np.median(typical[tuple(sorted((island[a], island[b])))]))
                 if bw[a, b] < SLOW * expected:
                     pairs.append((a, b, float(bw[a, b]), expected))
-    intra = [m[~np.eye(len(m), dtype=bool)] for m in cluster.intra_gb_per_s if len(m) > 1]
     slow_gpus: dict[int, set[int]] = {}
-    if intra:
+    for gpu_type in {node.gpu_type for node in cluster.nodes}:  # NVLink generations differ by type
+        mine = [k for k, node in enumerate(cluster.nodes) if node.gpu_type == gpu_type]
+        intra = [cluster.intra_gb_per_s[k][~np.eye(len(cluster.intra_gb_per_s[k]), dtype=bool)] for k in mine
+                 if len(cluster.intra_gb_per_s[k]) > 1]
+        if not intra:
+            continue
         nominal = float(np.median(np.concatenate(intra)))
-        for node, m in enumerate(cluster.intra_gb_per_s):
+        for node in mine:
+            m = cluster.intra_gb_per_s[node]
             a, b = np.where((m < SLOW * nominal) & ~np.eye(len(m), dtype=bool))
             if len(a):
                 slow_gpus.setdefault(node, set()).update(int(g) for g in np.concatenate([a, b]))
