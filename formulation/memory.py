@@ -127,14 +127,15 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
     return MemoryCoefficients(weights, gradients, optimizer, activations, (buf_fixed, 0.0))
 
 
-def stage_memory(instance, p, stage: int, layers: int, gpu_type) -> StageMemory:
+def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: MemoryCoefficients | None = None
+                 ) -> StageMemory:
     """(M7) total = static + dynamic x (1 + fragmentation) + runtime overhead; fits if <= fraction x capacity.
 
     Weights, gradients and optimizer state live in contiguous buffers allocated once (Megatron-LM's param
     and grad buffers, the distributed optimizer's shards), so only the dynamic allocations (activations,
     temporary buffers) fragment the caching allocator.
     """
-    c = memory_coefficients(instance, p, stage)
+    c = coefficients or memory_coefficients(instance, p, stage)
 
     def gib(pair: tuple[float, float]) -> float:
         return (pair[0] + pair[1] * layers) / GIB

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from .memory import stage_memory
+from .memory import memory_coefficients, stage_memory
 from .placement import Placement
 
 
@@ -76,11 +76,12 @@ def placement_for(config: Config, layers_per_stage, gpus) -> Placement:
 def layer_capacity(instance, placement: Placement, stage: int, gpu_type) -> int:
     """The most layers `stage` can hold within its memory limit (memory grows with the layer count)."""
     lo, hi = 0, instance.model.num_layers
-    if not stage_memory(instance, placement, stage, 0, gpu_type).fits:
+    c = memory_coefficients(instance, placement, stage)  # once: the bisection only varies the layer count
+    if not stage_memory(instance, placement, stage, 0, gpu_type, c).fits:
         return -1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if stage_memory(instance, placement, stage, mid, gpu_type).fits:
+        if stage_memory(instance, placement, stage, mid, gpu_type, c).fits:
             lo = mid
         else:
             hi = mid - 1

@@ -198,6 +198,10 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
     for config in configurations(instance, islands):
         if time.perf_counter() >= deadline:
             complete, result.stopped = False, "time limit"
+            if not options:
+                from .search import NoPlanInTime
+                raise NoPlanInTime(f"no plan within the time limit of {time_limit_s:g} s: the configurations "
+                                   f"were still being bounded; allow more time")
             break
         tables = island_tables(instance, config, islands, layer_counts=False)
         L, P, v = instance.model.num_layers, config.pp, config.vpp
@@ -242,8 +246,12 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
         result.stopped = "interrupted"
     found = sorted((o for o in options if o.estimate is not None), key=lambda o: (o.value, o.estimate.iteration_time_s))
     if not found:
+        if result.stopped == "interrupted":
+            raise KeyboardInterrupt
         if result.stopped:
-            raise InfeasibleError(f"no plan within the time limit ({result.stopped})")
+            from .search import NoPlanInTime
+            raise NoPlanInTime(f"no plan within the time limit of {time_limit_s:g} s: {result.solved} composition "
+                               f"programs solved, none with a plan yet; allow more time")
         raise InfeasibleError("no composition fits" if objective != "gpus" else
                               f"no plan reaches {required_tokens_per_s:g} tokens/s")
     result.ranked = found[:top]

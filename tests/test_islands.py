@@ -185,3 +185,21 @@ def test_cost_and_gpu_count_objectives():
         world = config.tp * config.cp * config.dp * config.pp
         if world < few.placement.world_size:
             assert tokens / brute_force(instance, config, islands) < need
+
+
+def test_cli_objective_errors_and_mixed_plan_file(tmp_path):
+    from conftest import run_solve, write_instance
+
+    path = write_instance(tmp_path, mixed_dict(5))
+    bad = run_solve("--instance", path, "--objective", "gpus")
+    assert bad.returncode == 2 and "--required-tokens-per-s" in bad.stderr and "Traceback" not in bad.stderr
+    bad = run_solve("--instance", path, "--objective", "cost", "--solver", "anneal")
+    assert bad.returncode == 2 and "--objective cost" in bad.stderr
+    out = tmp_path / "plan.json"
+    ok = run_solve("--instance", path, "--objective", "cost", "--output", out, "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    import json
+    solver = json.loads(out.read_text())["solver"]
+    assert solver["objective"] == "cost" and solver["bound_s"] is None and solver["status"] == "optimal"
+    assert solver["objective_value"] == pytest.approx(solver["bound_value"])
+    assert {r["gpu_type"] for r in solver["islands"]} == {"h100-sxm-80gb", "a100-sxm-80gb"}
