@@ -208,9 +208,9 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
         best_caps = [max(tb.caps[i] for tb in tables) for i in range(P)]
         if min(best_caps) < v or sum(min(c, L) for c in best_caps) < L:
             result.infeasible += 1
-            worst = min(range(P), key=lambda i: best_caps[i])
-            if shortfall is None:
-                shortfall = f"{config.describe()}: stage {worst} holds at most {best_caps[worst]} layer(s) anywhere"
+            excess, why = _shortfall(instance, config, tables, best_caps)
+            if shortfall is None or excess < shortfall[0]:
+                shortfall = (excess, why)
             continue
         usable = [k for k, tb in enumerate(tables) if tb.slots and max(tb.caps) >= v]
         tables_of[config] = tables
@@ -236,7 +236,9 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
         if objective == "gpus" and tables_of:
             raise InfeasibleError(f"no configuration can reach {required_tokens_per_s:g} tokens/s on this cluster "
                                   f"(its lower bounds are all slower)")
-        raise InfeasibleError(f"no configuration fits in memory on any island; the closest is {shortfall}")
+        raise InfeasibleError(f"no configuration fits in memory on any island; the closest is {shortfall[1]}"
+                              if shortfall else "no configuration matches the cluster and batch: a stage of "
+                              "tp x cp x dp GPUs must tile the nodes of some island and dp divide global_batch_size")
     options.sort(key=lambda o: (o.lower_bound, o.config))
     backend = backends.get(solver)
     try:
@@ -265,6 +267,28 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
     result.status = "optimal" if gap <= 1e-6 else ("timeout" if result.stopped else "feasible")
     result.wall_time_s = time.perf_counter() - start
     return result
+
+
+def _shortfall(instance, config: Config, tables, best_caps: list[int]) -> tuple[float, str]:
+    """How far a configuration is from fitting: the stage that holds the fewest layers anywhere, with the
+    fewest layers it must hold (vpp, or its share of what the others cannot hold), on the island where that
+    needs the least memory over its limit (GiB, description)."""
+    from formulation.memory import stage_memory
+
+    L, P, v = instance.model.num_layers, config.pp, config.vpp
+    worst = min(range(P), key=lambda i: best_caps[i])
+    need = max(v, L - sum(max(0, min(c, L)) for j, c in enumerate(best_caps) if j != worst))
+    options = []
+    for tb in tables:
+        if tb.slots:
+            mem = stage_memory(instance, placement_for(config, (1,) * P, tuple(tb.slots[0]) * P), worst, need,
+                               tb.gpu_type)
+            options.append((mem.total_gib - mem.limit_gib, mem, tb))
+    if not options:
+        return float("inf"), f"{config.describe()}: its stage of {config.tp * config.cp * config.dp} GPUs tiles no island"
+    excess, mem, tb = min(options, key=lambda o: o[0])
+    return excess, (f"{config.describe()}, whose stage {worst} needs {mem.total_gib:.1f} GiB per GPU with {need} "
+                    f"layer(s) on {tb.island.gpu_type} against {mem.limit_gib:.1f} GiB allowed")
 
 
 def _kth(options: list[Option], top: int) -> float:

@@ -203,3 +203,14 @@ def test_cli_objective_errors_and_mixed_plan_file(tmp_path):
     assert solver["objective"] == "cost" and solver["bound_s"] is None and solver["status"] == "optimal"
     assert solver["objective_value"] == pytest.approx(solver["bound_value"])
     assert {r["gpu_type"] for r in solver["islands"]} == {"h100-sxm-80gb", "a100-sxm-80gb"}
+
+
+def test_no_type_can_hold_the_model_says_which_stage_needs_what(tmp_path):
+    from conftest import run_solve, write_instance
+
+    data = mixed_dict(2)
+    for gpu_type in data["cluster"]["gpu_types"].values():
+        gpu_type["memory_gib"] = 2.0
+    out = run_solve("--instance", write_instance(tmp_path, data), "--quiet")
+    assert out.returncode == 1 and out.stderr.startswith("infeasible:"), out.stderr
+    assert "needs" in out.stderr and "GiB allowed" in out.stderr and "Traceback" not in out.stderr
