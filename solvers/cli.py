@@ -154,6 +154,8 @@ def _print_default_comparison(instance, result, console) -> None:
     filled_s = evaluate(instance, filled, check=False).iteration_time_s
     gain = default_s - plan_s
     share = f"; the GPU assignment alone brings {100 * (filled_s - plan_s) / gain:.0f} % of it" if gain > 0 else ""
+    if result.solver.islands:  # mixed types: the map and the split go together (stages sit on islands)
+        share = "; stages composed on islands of identical GPUs, layers sized by each type's speed and memory"
     console.print(f"Megatron-style default (best over configurations): {default_s:.4f} s; this plan "
                   f"{plan_s:.4f} s, {default_s / plan_s:.3f}x{share}")
 

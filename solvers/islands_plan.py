@@ -65,6 +65,7 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
                            time_limit_s=time_limit, threads=threads, seed=seed, top=top, progress=progress)
     best = found.ranked[0]
     value = best.value
+    default = _type_blind_default(instance)
     gap = max(0.0, (value - found.bound) / value) if value else 0.0
     islands = island_report(instance, best.placement, found.islands, objective)
     idle = sum(r["idle_gpus"] for r in islands)
@@ -90,6 +91,27 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
                           bound_s=found.bound if objective == "time" else None, gap=gap,
                           wall_time_s=time.perf_counter() - start, seed=seed, note=note, objective=objective,
                           objective_value=value, bound_value=bound, islands=islands)
+    if objective == "time" and default is not None and default[1].iteration_time_s < time_s:
+        report.note += (f"; the type-blind Megatron default ({default[1].iteration_time_s:.4f} s, stages across "
+                        f"GPU types) beats every island composition, so it is the plan; the bound covers "
+                        f"compositions only")
+        report.status, report.bound_s, report.gap = "feasible", None, None
+        report.objective_s = report.objective_value = default[1].iteration_time_s
+        return PlanResult(placement=default[0], estimate=default[1], solver=report, examined=found.solved,
+                          fitting=1, default=default, history=found.history)
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                       alternatives=[(o.placement, o.estimate) for o in found.ranked[1:]],
-                      examined=found.solved, fitting=len(found.ranked), history=found.history)
+                      examined=found.solved, fitting=len(found.ranked), history=found.history, default=default)
+
+
+def _type_blind_default(instance):
+    """The Megatron-style default over all GPUs (even split, ranks node by node, stages at their slowest GPU's
+    pace): what the plan is compared with. None when no default placement fits."""
+    from formulation.errors import InfeasibleError
+
+    from .baseline import best_default
+    try:
+        ranked = best_default(instance).best[0]
+    except InfeasibleError:
+        return None
+    return ranked.placement, ranked.estimate
