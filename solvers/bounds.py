@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -140,8 +141,10 @@ def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], l
         return INF
     if any(f % step for f in fixed.values()):
         return INF
-    levels = sorted({q * us[i] + extras[i] for i in range(P)
-                     for q in ([fixed[i]] if i in fixed else range(step, layers + 1, step))})
+    # the answer is some stage's time at a layer count it can hold; stages alike give the same candidates
+    shapes = {(us[i], extras[i], fixed[i], fixed[i]) if i in fixed else (us[i], extras[i], step, min(caps[i], layers))
+              for i in range(P)}
+    levels = sorted({q * u + e for u, e, lo, hi in shapes for q in range(lo, hi + 1, step)})
 
     def holds(level: float) -> bool:
         room = 0
@@ -187,6 +190,7 @@ class _Parts:
     optimizer: float
     span: np.ndarray = None  # see span_bandwidth
     dp_cap: int = 0  # most members of one dp group on a node (0: per_node_cap)
+    c_inter: float = 0.0  # one send over the fastest inter-node pair (c_min when that is the fastest pair)
     _constants: dict = field(default_factory=dict)
     _group_times: dict = field(default_factory=dict)
 
@@ -211,7 +215,19 @@ class _Parts:
         P, v = self.config.pp, self.config.vpp
         if P == 1:
             return 0.0
-        return self.rounds * 2 * ((v * (P - 1) + (v - 1)) * self.c_min + v * slow_extra)
+        return self.chain_of([self.c_min] * P) + self.rounds * 2 * v * slow_extra
+
+    def chain_of(self, sends: list[float]) -> float:
+        """(C10) with one send time per boundary: sends[j] between stages j and j + 1, sends[P - 1] the wrap
+        (if interleaved)."""
+        P, v = self.config.pp, self.config.vpp
+        wrap = sends[P - 1] if len(sends) >= P else 0.0
+        return self.rounds * 2 * (v * sum(sends[:P - 1]) + (v - 1) * wrap) if P > 1 else 0.0
+
+    def boundaries(self) -> list[tuple[int, int]]:
+        """The stage pairs that send to each other: (j, j + 1), and (P - 1, 0) when interleaved (the wrap)."""
+        P = self.config.pp
+        return [(j, j + 1) for j in range(P - 1)] + ([(P - 1, 0)] if self.config.vpp > 1 and P > 1 else [])
 
     def distinct_stages(self) -> list[int]:
         """One stage per kind: the first, the last, and per distinct memory cap one of the stages between (they
@@ -253,6 +269,16 @@ class _Parts:
                     ) -> float:
         return sum(self.dp_part_exposures(stage, layers, inter, min_nodes, per_node_cap))
 
+    def stage_dp_floor(self, stage: int) -> float:
+        """The least exposed dp sync of `stage` over the layer counts memory allows (see `dp_floor`)."""
+        v = self.config.vpp
+        most = max(self.caps[stage], 0) // v * v
+        if most < v:
+            return 0.0
+        fewest_parts = self.dp_part_exposures(stage, v, self.inter, 1)
+        most_parts = self.dp_part_exposures(stage, most, self.inter, 1)
+        return sum(min(a, b) for a, b in zip(fewest_parts, most_parts))
+
     def dp_floor(self) -> float:
         """delta >= E_i for every stage i, and E_i >= the sum over its collectives of each one's smallest exposure
         over the layer counts memory allows; some stage holds at least ceil(L / pp) layers (rounded up to whole
@@ -267,9 +293,8 @@ class _Parts:
             most = max(self.caps[i], 0) // v * v
             if most < v:
                 continue
-            fewest_parts = self.dp_part_exposures(i, v, self.inter, 1)
             most_parts = self.dp_part_exposures(i, most, self.inter, 1)
-            best = max(best, sum(min(a, b) for a, b in zip(fewest_parts, most_parts)))
+            best = max(best, self.stage_dp_floor(i))
             if most >= heavy:
                 heavy_parts = self.dp_part_exposures(i, heavy, self.inter, 1)
                 loaded = min(loaded, sum(min(a, b) for a, b in zip(heavy_parts, most_parts)))
@@ -313,14 +338,15 @@ def _parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | N
     m = job.global_batch_size // (config.micro_batch_size * config.dp)
     if caps is None:
         caps = partition_fits(instance, config, max(cluster.gpu_types.values(), key=lambda g: g.memory_gib))[1]
-    c_min, rounds = 0.0, 0
+    c_min, c_inter, rounds = 0.0, 0.0, 0
     if P > 1:
         sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
         message = cost.activation_message_bytes(model, job, p) / sp
+        c_inter = cost.p2p_time(message, inter, False, cluster) if inter != INF else INF
         if whole_tp and dp_cap < 2 or intra == INF:  # one tp group per node: stage neighbours on other nodes
-            c_min = cost.p2p_time(message, inter, False, cluster)
-        else:
-            c_min = cost.p2p_time(message, max(intra, inter), intra >= inter, cluster)
+            c_min = c_inter
+        else:  # the faster of an intra-node and an inter-node send, each with its own latency
+            c_min = min(c_inter, cost.p2p_time(message, intra, True, cluster))
         rounds = math.ceil(m / P) if v == 1 else 1
     heavy = math.ceil(model.num_layers / P)
     optimizer = min(cost.optimizer_step_time(
@@ -329,29 +355,158 @@ def _parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | N
     return _Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
                   max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
                   m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=lt.forward + lt.backward, c_min=c_min, rounds=rounds,
-                  optimizer=optimizer, span=span, dp_cap=dp_cap)
+                  optimizer=optimizer, span=span, dp_cap=dp_cap, c_inter=c_inter)
 
 
-def fast_bound(instance, config: Config, caps: list[int] | None = None) -> float:
+def _chain_split(w: _Parts, b: _Parts, us: list[float], split: set, floor: float, fixed: float,
+                 exact: bool = True) -> float:
+    """(B1) for stage times `us` when every stage outside `split` keeps its tp
+    groups inside nodes (`w` = `_parts(whole_tp=True)`, `b` the unrestricted parts, `floor` a floor of the dp
+    exposure), with a split on the chain: either no boundary between two such stages has all its pairs inside
+    nodes, and each of those sends crosses nodes (c_inter), or some boundary (j, j') does. Its pairs are a
+    bijection between the two stages' ranks, so every node then holds as many ranks of j as of j', at most
+    cap // 2 of each, in whole tp groups: at most cap // 2 // tp members of any dp group of j or j' on a node.
+    Either stage's dp exposure at that width is then taken jointly with its layer count in the pipeline (few
+    layers expose little but load the others).
+
+    The boundaries touching `split` send at the fastest pair. `exact`: `split` is where those stages sit;
+    otherwise it stands for any stages of the same kinds (`_kind`), and the bound holds wherever they sit: as
+    many boundaries as they could touch, the regular ones (weight vpp) before the wrap (vpp - 1), and an
+    intra-node boundary elsewhere is bounded by one of its stages."""
+    config = w.config
+    P, v = config.pp, config.vpp
+    pairs = w.boundaries()
+
+    def sends(c: float) -> list[float]:
+        if exact:
+            return [b.c_min if split & set(pair) else c for pair in pairs]
+        touching = min(len(pairs), sum(sum(t in pair for pair in pairs) for t in split))
+        return [b.c_min] * touching + [c] * (len(pairs) - touching)
+
+    pipe = w.pipeline(us)
+    near = pipe + w.chain_of(sends(w.c_min)) + floor + fixed
+    pair_cap = w.per_node_cap // 2 // config.tp
+    if P == 1 or w.c_inter <= w.c_min or pair_cap < 1 or pipe == INF:  # (c_min = c_inter: one tp group a node)
+        return near
+    apart = pipe + w.chain_of(sends(w.c_inter)) + floor + fixed
+    narrow: dict = {}
+
+    def paired(t: int) -> float:
+        # middle stages differ only in their cap and time
+        key = t if t in (0, P - 1) or t in split else ("middle", w.caps[t], us[t])
+        if key not in narrow:
+            narrow[key] = min((w.pipeline(us, {t: q}) + max(floor, w.dp_exposure(t, q, w.inter, 1, pair_cap))
+                               for q in range(v, max(w.caps[t], 0) + 1, v)), default=INF)
+        return narrow[key]
+
+    if exact:
+        together = min((max(paired(j), paired(k)) for j, k in pairs if not split & {j, k}), default=INF)
+    else:
+        together = min((paired(t) for t in range(P) if t not in split), default=INF)
+    return max(near, min(apart, together + w.chain_of(sends(w.c_min)) + fixed))
+
+
+def _kind(parts: _Parts, stage: int):
+    """Stages of one kind are interchangeable in the bounds: the first, the last, and middle ones by cap."""
+    return stage if stage in (0, parts.config.pp - 1) else ("middle", parts.caps[stage])
+
+
+def _split_tp_bound(b: _Parts, w: _Parts, u_split: float, fixed: float) -> float:
+    """(B1) case (ii), some tp group across nodes: the set S of stages with one is not empty, and each runs at
+    `u_split` per layer. S = {s}: every other stage keeps its tp groups inside nodes, so its dp groups are
+    narrow (`w`) and `_chain_split` applies to the boundaries between them; some stage h holds at least the
+    average layer count, either h = s (which then holds that many) or another stage, whose narrow dp exposure at
+    that many layers counts. S = {s, s'} likewise (without h). |S| >= 3: the pipeline with three slow stages.
+    Pairs and triples range over kinds of stages (`_kind`); beyond 12 kinds, |S| >= 2 is bounded by pairs'
+    pipelines alone."""
+    config = b.config
+    P, v = config.pp, config.vpp
+    base = b.dp_floor()
+    rest = b.chain() + base + fixed
+    floors = [w.stage_dp_floor(i) for i in range(P)]
+    heavy = math.ceil(b.instance.model.num_layers / P / v) * v
+    loaded = [INF] * P  # stage i's least narrow dp exposure when it holds at least `heavy` layers
+    for i in range(P):
+        most = max(w.caps[i], 0) // v * v
+        if most >= heavy:
+            loaded[i] = sum(min(x, y) for x, y in zip(w.dp_part_exposures(i, heavy, w.inter, 1),
+                                                      w.dp_part_exposures(i, most, w.inter, 1)))
+    representative: dict = {}
+    for i in range(P):
+        representative.setdefault(_kind(b, i), []).append(i)
+
+    def slow(S) -> list[float]:
+        return [u_split if i in S else w.u for i in range(P)]
+
+    best = INF
+    for members in representative.values():
+        s = members[0]
+        others = [i for i in range(P) if i != s]
+        delta = max([base] + [floors[i] for i in others])
+        h_other = min((loaded[i] for i in others), default=INF)
+        if h_other < INF:
+            best = min(best, _chain_split(w, b, slow({s}), {s}, max(delta, h_other), fixed, len(members) == 1))
+        # s touches the same boundaries (of the same weights) wherever a stage of its kind sits
+        near = w.chain_of([b.c_min if s in pair else w.c_min for pair in w.boundaries()]) + delta + fixed
+        for q in range(heavy, max(b.caps[s], 0) // v * v + 1, v):
+            best = min(best, w.pipeline(slow({s}), {s: q}) + near)
+    kinds = list(representative)
+    if len(kinds) > 12:
+        for s in (m[0] for m in representative.values()):
+            for s2 in (m[0] if m[0] != s else (m[1] if len(m) > 1 else None) for m in representative.values()):
+                if s2 is not None:
+                    best = min(best, b.pipeline([u_split if i in (s, s2) else b.u for i in range(P)]) + rest)
+        return best
+    for combo in itertools.combinations_with_replacement(range(len(kinds)), 3):
+        S = set()
+        for k in set(combo):
+            pool = representative[kinds[k]]
+            if combo.count(k) > len(pool):
+                break
+            S.update(pool[:combo.count(k)])
+        else:
+            best = min(best, b.pipeline([u_split if i in S else b.u for i in range(P)]) + rest)
+    for k1, k2 in itertools.combinations_with_replacement(range(len(kinds)), 2):
+        if k1 == k2 and len(representative[kinds[k1]]) < 2:
+            continue
+        S = {representative[kinds[k1]][0], representative[kinds[k2]][-1]}
+        delta = max([base] + [floors[i] for i in range(P) if i not in S])
+        alone = all(len(representative[_kind(b, i)]) == 1 for i in S)
+        best = min(best, _chain_split(w, b, slow(S), S, delta, fixed, alone))
+    return best
+
+
+def fast_bound(instance, config: Config, caps: list[int] | None = None, refined: bool = False) -> float:
     """(B1) pipeline + chain + dp sync + optimizer + overhead, each at its best over partitions and maps: the
     smaller of (i) every tp group inside a node (`_parts(whole_tp=True)`) and (ii) some tp group across nodes,
-    whose stage then runs at that tp group's time (everything else at its unrestricted best)."""
+    whose stage then runs at that tp group's time (everything else at its unrestricted best).
+
+    `refined` (part of (B2), costlier): (i) with the chain split of `_chain_split`, and (ii) by how many stages
+    have a tp group across nodes (`_split_tp_bound`)."""
     b = _parts(instance, config, caps=caps)
-    rest = b.chain() + b.dp_floor() + b.optimizer + b.gpu_type.iteration_overhead_s
-    if config.tp == 1 or config.tp > b.per_node_cap or len(instance.cluster.nodes) == 1:
-        return b.pipeline([b.u] * config.pp) + rest  # (i) or (ii) is certain: (B1) as is
+    fixed = b.optimizer + b.gpu_type.iteration_overhead_s
+    rest = b.chain() + b.dp_floor() + fixed
+    P = config.pp
+    if config.tp > b.per_node_cap or len(instance.cluster.nodes) == 1:
+        return b.pipeline([b.u] * P) + rest  # (ii) is certain, or there are no nodes to span: (B1) as is
+    if config.tp == 1:  # (i) is certain
+        return _chain_split(b, b, [b.u] * P, set(), b.dp_floor(), fixed) if refined else b.pipeline([b.u] * P) + rest
     whole = _parts(instance, config, whole_tp=True, caps=b.caps)
-    within = whole.pipeline([whole.u] * config.pp) + whole.chain() + whole.dp_floor() + rest - b.chain() - b.dp_floor()
     model, job, p, cluster = instance.model, instance.training, b.placement, instance.cluster
     split = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra, b.inter,
                             b.max_nodes, b.per_node_cap, 2, b.span)
     u_split = b.unit(split, b.cp, b.ag, b.rs)
     stages = b.distinct_stages()
-    across = INF
-    for s in stages:
-        us = [b.u] * config.pp
-        us[s] = u_split
-        across = min(across, b.pipeline(us))
+    if refined:
+        within = _chain_split(whole, b, [whole.u] * P, set(), whole.dp_floor(), fixed)
+        across = _split_tp_bound(b, whole, u_split, fixed)
+    else:
+        within = whole.pipeline([whole.u] * P) + whole.chain() + whole.dp_floor() + fixed
+        across = INF
+        for s in stages:
+            us = [b.u] * P
+            us[s] = u_split
+            across = min(across, b.pipeline(us) + rest)
     # Second split of the same space, on a stage h holding at least the average layer count (one exists):
     # its tp groups inside nodes, so its dp groups narrow (A), or one across nodes, so h runs slow with at
     # least that many layers (B). The bound is the larger of the two splits' minima.
@@ -371,12 +526,12 @@ def fast_bound(instance, config: Config, caps: list[int] | None = None) -> float
         us[s] = u_split
         for q in range(heavy, max(b.caps[s], 0) // v * v + 1, v):
             slow_h = min(slow_h, b.pipeline(us, {s: q}) + rest)
-    return max(min(within, across + rest), min(narrow_h, slow_h))
+    return max(min(within, across), min(narrow_h, slow_h))
 
 
 def cut_bound(instance, config: Config) -> float:
     """(B2) the largest over the weakest cuts of `cut_bound_at`; (B1) for a single node."""
-    base = fast_bound(instance, config)
+    base = fast_bound(instance, config, refined=True)
     world = instance.cluster.num_gpus
     cuts = weakest_cuts(instance.cluster)
     parts = _parts(instance, config) if cuts else None

@@ -59,21 +59,26 @@ def splits(total: int, parts: int, step: int):
         yield tuple(step * (b - a) for a, b in zip(edges, edges[1:]))
 
 
+def brute_force_optimum(instance, config, maps) -> float:
+    """The least evaluated time of `config` over every layer partition and every map in `maps` (inf: none fits)."""
+    best = math.inf
+    for split in splits(instance.model.num_layers, config.pp, config.vpp):
+        probe = placement_for(config, split, range(instance.cluster.num_gpus))
+        for gpus in maps:
+            est = evaluate(instance, dataclasses.replace(probe, gpus=gpus), check=False)
+            if est.fits:
+                best = min(best, est.iteration_time_s)
+    return best
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_bounds_never_exceed_the_brute_force_optimum_of_their_configuration(seed):
     instance = instance_from_dict(node_matrix_instance(seed))
     cluster = instance.cluster
     maps = list(node_level_maps(len(cluster.nodes), cluster.nodes[0].num_gpus))
-    layers = instance.model.num_layers
     checked = 0
     for config in configurations(instance):
-        best = math.inf
-        for split in splits(layers, config.pp, config.vpp):
-            probe = placement_for(config, split, range(cluster.num_gpus))
-            for gpus in maps:
-                est = evaluate(instance, dataclasses.replace(probe, gpus=gpus), check=False)
-                if est.fits:
-                    best = min(best, est.iteration_time_s)
+        best = brute_force_optimum(instance, config, maps)
         if best == math.inf:
             continue
         fast, cut = fast_bound(instance, config), cut_bound(instance, config)
@@ -122,3 +127,46 @@ def test_least_slowest_stage_against_enumeration():
                         if all(q <= c for q, c in zip(split, caps)) and all(split[i] == f for i, f in fixed.items())),
                        default=math.inf)
         assert least_slowest_stage(us, extras, caps, layers, step, fixed) == pytest.approx(expected)
+
+
+def slow_node_instance(seed: int, shape: tuple[int, int]) -> dict:
+    """Uniform inter-node links except one node at half speed (the benchmark clusters' slow NIC), on clusters
+    where a node holds whole tp groups of two stages (the chain split of (B2)) or a stage fills whole nodes."""
+    data = node_matrix_instance(seed, (shape,))
+    rng = random.Random(seed)
+    nodes = shape[0]
+    fast, slow = rng.choice([20.0, 48.0]), rng.randrange(nodes)
+    data["cluster"]["network"]["node_matrix_gb_per_s"] = [
+        [0.0 if i == j else (fast / 2 if slow in (i, j) else fast) for j in range(nodes)] for i in range(nodes)]
+    data["cluster"]["network"]["intra_node_gb_per_s"] = rng.choice([60.0, 400.0])
+    return data
+
+
+@pytest.mark.parametrize("seed,shape", [(0, (2, 4)), (1, (2, 4)), (4, (4, 2)), (5, (2, 4)), (7, (4, 2)), (10, (4, 2))])
+def test_refined_bounds_with_a_slow_node_never_exceed_brute_force(seed, shape):
+    instance = instance_from_dict(slow_node_instance(seed, shape))
+    maps = list(node_level_maps(*shape))
+    checked = 0
+    for config in configurations(instance):
+        best = brute_force_optimum(instance, config, maps)
+        if best == math.inf:
+            continue
+        fast, refined, cut = fast_bound(instance, config), fast_bound(instance, config, refined=True), \
+            cut_bound(instance, config)
+        assert fast <= refined * (1 + 1e-12) and refined <= cut * (1 + 1e-12)
+        assert cut <= best * (1 + 1e-9), (config, cut, best)
+        checked += 1
+    assert checked >= 2
+
+
+def test_chain_split_counts_boundaries_across_nodes():
+    """Not a restatement: with two stages each filling a node, no boundary can stay inside a node without
+    narrowing a dp group, and the refined bound is strictly above (B1) on some configurations."""
+    stronger = 0
+    for seed, shape in [(0, (2, 4)), (1, (2, 4)), (2, (4, 2))]:
+        instance = instance_from_dict(slow_node_instance(seed, shape))
+        for config in configurations(instance):
+            fast = fast_bound(instance, config)
+            if not math.isinf(fast):
+                stronger += fast_bound(instance, config, refined=True) > fast * (1 + 1e-9)
+    assert stronger >= 3, stronger
