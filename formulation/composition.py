@@ -122,8 +122,9 @@ class Composition:
 def build_composition(instance, config: Config, tables: list[IslandTable],
                       stages_on: dict[str, int] | None = None, cutoff_s: float | None = None) -> Composition:
     """(H1)-(H8) for one configuration; `stages_on` fixes how many stages the islands of each GPU type host
-    together (the cost objective enumerates it: the price depends on nothing else); `cutoff_s` admits only iteration times up to it (then "infeasible"
-    means: nothing here is that fast). Raises ValueError when no stage fits anywhere."""
+    together (the cost objective enumerates it: the price depends on nothing else); `cutoff_s` admits only
+    iteration times up to it (then "infeasible" means: nothing here is that fast). Raises ValueError when no
+    stage fits anywhere."""
     prog, c, L = Program(config=config), config, instance.model.num_layers
     job = instance.training
     t = prog.time_unit_s
