@@ -142,7 +142,7 @@ def slow_node_instance(seed: int, shape: tuple[int, int]) -> dict:
     return data
 
 
-@pytest.mark.parametrize("seed,shape", [(0, (2, 4)), (1, (2, 4)), (4, (4, 2)), (5, (2, 4)), (7, (4, 2)), (10, (4, 2))])
+@pytest.mark.parametrize("seed,shape", [(0, (2, 4)), (1, (2, 4)), (3, (2, 4)), (5, (2, 4)), (6, (2, 4)), (7, (4, 2))])
 def test_refined_bounds_with_a_slow_node_never_exceed_brute_force(seed, shape):
     instance = instance_from_dict(slow_node_instance(seed, shape))
     maps = list(node_level_maps(*shape))
