@@ -64,7 +64,7 @@ def boundary_time(instance, config: Config, src, dst) -> float:
 def island_tables(instance, config: Config, islands: list[Island], layer_counts: bool = True) -> list[IslandTable]:
     """Per island: its slots for this configuration, the stages' layer capacities, and (layer_counts) the
     time, exposed dp sync and optimizer step of a stage of each role for every layer count."""
-    cluster, L = instance.cluster, instance.model.num_layers
+    cluster = instance.cluster
     S = config.tp * config.cp * config.dp
     out = []
     for isl in islands:
@@ -75,22 +75,33 @@ def island_tables(instance, config: Config, islands: list[Island], layer_counts:
             continue
         tpl = _template(config, slots[0])
         caps = [layer_capacity(instance, tpl, i, gpu_type) for i in range(config.pp)]
-        table = IslandTable(isl, slots, stages_per_node(isl, S), gpu_type, caps)
-        if layer_counts and max(caps) >= config.vpp:
-            for r in sorted({role(i, config.pp) for i in range(config.pp)}):
-                links = stage_links(instance, tpl, r)
-                for q in range(config.vpp, L + 1, config.vpp):
-                    est = stage_estimate(instance, tpl, r, q, links)
-                    table.time[(r, q)] = est.time_per_micro_batch_s
-                    table.exposed[(r, q)] = est.dp_exposed_s
-                    table.optimizer[(r, q)] = est.optimizer_s
-            if len(slots) > 1 and table.per_node > 1:
-                table.p2p_next_slot = boundary_time(instance, config, slots[0], slots[1])
-            if len(slots) > table.per_node:
-                table.p2p_next_node = boundary_time(instance, config, slots[table.per_node - 1],
-                                                    slots[table.per_node])
-        out.append(table)
+        out.append(IslandTable(isl, slots, stages_per_node(isl, S), gpu_type, caps))
+    if layer_counts:
+        tabulate_stages(instance, config, out)
     return out
+
+
+def tabulate_stages(instance, config: Config, tables: list[IslandTable]) -> list[IslandTable]:
+    """Fill in what the program needs beyond the capacities (once per table): each role's time, exposed dp
+    sync and optimizer step for every layer count, and the sends between the island's consecutive slots."""
+    L = instance.model.num_layers
+    for table in tables:
+        slots = table.slots
+        if not slots or max(table.caps) < config.vpp or table.time:
+            continue
+        tpl = _template(config, slots[0])
+        for r in sorted({role(i, config.pp) for i in range(config.pp)}):
+            links = stage_links(instance, tpl, r)
+            for q in range(config.vpp, L + 1, config.vpp):
+                est = stage_estimate(instance, tpl, r, q, links)
+                table.time[(r, q)] = est.time_per_micro_batch_s
+                table.exposed[(r, q)] = est.dp_exposed_s
+                table.optimizer[(r, q)] = est.optimizer_s
+        if len(slots) > 1 and table.per_node > 1:
+            table.p2p_next_slot = boundary_time(instance, config, slots[0], slots[1])
+        if len(slots) > table.per_node:
+            table.p2p_next_node = boundary_time(instance, config, slots[table.per_node - 1], slots[table.per_node])
+    return tables
 
 
 @dataclass

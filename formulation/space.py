@@ -74,18 +74,24 @@ def placement_for(config: Config, layers_per_stage, gpus) -> Placement:
 
 
 def layer_capacity(instance, placement: Placement, stage: int, gpu_type) -> int:
-    """The most layers `stage` can hold within its memory limit (memory grows with the layer count)."""
-    lo, hi = 0, instance.model.num_layers
-    c = memory_coefficients(instance, placement, stage)  # once: the bisection only varies the layer count
-    if not stage_memory(instance, placement, stage, 0, gpu_type, c).fits:
+    """The most layers `stage` can hold within its memory limit. Memory is affine in the layer count (M1)-(M7):
+    the capacity is read off the line and confirmed with the memory model at the boundary (float rounding)."""
+    L = instance.model.num_layers
+    c = memory_coefficients(instance, placement, stage)
+
+    def fits(q: int) -> bool:
+        return stage_memory(instance, placement, stage, q, gpu_type, c).fits
+
+    empty = stage_memory(instance, placement, stage, 0, gpu_type, c)
+    if not empty.fits:
         return -1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if stage_memory(instance, placement, stage, mid, gpu_type, c).fits:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    slope = stage_memory(instance, placement, stage, 1, gpu_type, c).total_gib - empty.total_gib
+    q = L if slope <= 0 else max(0, min(L, int((empty.limit_gib - empty.total_gib) / slope)))
+    while q < L and fits(q + 1):
+        q += 1
+    while q > 0 and not fits(q):
+        q -= 1
+    return q
 
 
 def partition_fits(instance, config: Config, gpu_type) -> tuple[bool, list[int]]:

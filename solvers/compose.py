@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from formulation.composition import Composition, build_composition, island_tables, role
+from formulation.composition import Composition, build_composition, island_tables, role, tabulate_stages
 from formulation.errors import InfeasibleError
 from formulation.evaluate import Estimate, evaluate, stage_links
 from formulation.islands import Island, find_islands, island_slots
@@ -305,7 +305,6 @@ def _rate(instance, config: Config, stages_on: dict) -> float:
 def _solve_options(instance, options, tables_of, result, backend, objective, max_time, deadline, threads, seed,
                    top, progress) -> None:
     tokens = instance.training.global_batch_size * instance.training.seq_length
-    filled: dict[Config, list] = {}
     for n, option in enumerate(options):
         if option.lower_bound >= _kth(options, top) * (1 - 1e-9):
             result.pruned = sum(1 for o in options[n:])
@@ -314,8 +313,7 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
             result.stopped = "time limit"
             break
         config = option.config
-        if config not in filled:
-            filled[config] = island_tables(instance, config, result.islands)
+        tables = tabulate_stages(instance, config, tables_of[config])  # adds the layer-count tables, once
         kth = _kth(options, top)
         cutoff = None
         if objective == "time" and kth < INF:
@@ -325,7 +323,7 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
         elif objective == "gpus":
             cutoff = max_time
         try:
-            comp: Composition = build_composition(instance, config, filled[config], option.stages_on, cutoff)
+            comp: Composition = build_composition(instance, config, tables, option.stages_on, cutoff)
         except ValueError:
             option.status, option.bound = "infeasible", INF
             result.infeasible += 1

@@ -214,3 +214,20 @@ def test_no_type_can_hold_the_model_says_which_stage_needs_what(tmp_path):
     out = run_solve("--instance", write_instance(tmp_path, data), "--quiet")
     assert out.returncode == 1 and out.stderr.startswith("infeasible:"), out.stderr
     assert "needs" in out.stderr and "GiB allowed" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_layer_capacity_is_the_most_layers_that_fit():
+    """The capacity read off memory's affine line equals a scan of the memory model, on both GPU types."""
+    from formulation.memory import stage_memory
+    from formulation.space import layer_capacity
+
+    for seed in (0, 3, 4):
+        instance = instance_from_dict(mixed_dict(seed), "<test>", REPO)
+        islands = find_islands(instance.cluster)
+        for config in list(configurations(instance, islands))[::5]:
+            p = placement_for(config, (1,) * config.pp, range(config.tp * config.cp * config.dp * config.pp))
+            for gpu_type in instance.cluster.gpu_types.values():
+                for i in range(config.pp):
+                    fitting = [q for q in range(instance.model.num_layers + 1)
+                               if stage_memory(instance, p, i, q, gpu_type).fits]
+                    assert layer_capacity(instance, p, i, gpu_type) == (max(fitting) if fitting else -1)
