@@ -125,10 +125,6 @@ class Composition:
             used[k] += 1
         return placement_for(c, [q for _, q in chosen], gpus)
 
-    def islands_of(self, values) -> list[int]:
-        return [max(((values[v], k) for (i, k, q), v in self.w.items() if i == stage))[1]
-                for stage in range(self.config.pp)]
-
 
 def build_composition(instance, config: Config, tables: list[IslandTable],
                       stages_on: dict[str, int] | None = None, cutoff_s: float | None = None) -> Composition:

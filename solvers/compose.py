@@ -65,10 +65,10 @@ class ComposeResult:
     started: float = field(default_factory=time.perf_counter)
 
 
-def price_per_s(instance, option_or_placement) -> float:
+def price_per_s(instance, placement) -> float:
     """Price of the GPUs a placement uses, per second."""
     cluster = instance.cluster
-    gpus = option_or_placement.gpus
+    gpus = placement.gpus
     return sum(cluster.gpu_type_of(int(g)).price_per_hour for g in gpus) / 3600.0
 
 
