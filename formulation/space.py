@@ -50,21 +50,27 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
             for pp in _divisors(world // (tp * cp)):
                 if pp > model.num_layers:
                     continue
-                dp = world // (tp * cp * pp)
-                if job.global_batch_size % dp:
-                    continue
-                for mbs in range(1, job.max_micro_batch_size + 1):
-                    if job.global_batch_size % (mbs * dp):
-                        continue
-                    m = job.global_batch_size // (mbs * dp)
-                    for vpp in job.virtual_pipeline_sizes:
-                        # interleaving: some partition into whole chunks of vpp layers per stage must exist
-                        if vpp > 1 and (pp == 1 or m % pp or model.num_layers % vpp or
-                                        model.num_layers // vpp < pp):
-                            continue
-                        for recompute in job.recompute:
-                            for zero in job.zero_stage:
-                                yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero)
+                yield from schedules(instance, tp, pp, cp, world // (tp * cp * pp))
+
+
+def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
+    """Every configuration with these parallel sizes: dp dividing the batch, micro-batch sizes dividing the
+    per-replica batch, vpp > 1 only with pp > 1, m divisible by pp and the layers divisible into whole chunks
+    of vpp per stage; recompute and zero_stage from the allowed choices."""
+    model, job = instance.model, instance.training
+    if job.global_batch_size % dp:
+        return
+    for mbs in range(1, job.max_micro_batch_size + 1):
+        if job.global_batch_size % (mbs * dp):
+            continue
+        m = job.global_batch_size // (mbs * dp)
+        for vpp in job.virtual_pipeline_sizes:
+            # interleaving: some partition into whole chunks of vpp layers per stage must exist
+            if vpp > 1 and (pp == 1 or m % pp or model.num_layers % vpp or model.num_layers // vpp < pp):
+                continue
+            for recompute in job.recompute:
+                for zero in job.zero_stage:
+                    yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero)
 
 
 def placement_for(config: Config, layers_per_stage, gpus) -> Placement:

@@ -24,7 +24,7 @@ from formulation.evaluate import Estimate, evaluate, stage_links
 from formulation.islands import Island, find_islands, island_slots
 from formulation.memory import memory_coefficients
 from formulation import cost
-from formulation.space import Config, placement_for
+from formulation.space import Config, placement_for, schedules
 
 from . import backends
 
@@ -100,16 +100,7 @@ def configurations(instance, islands: list[Island]):
                     continue
                 slots = sum(len(island_slots(isl, cluster, S, tp)) for isl in islands)
                 for pp in range(1, min(slots, model.num_layers) + 1):
-                    for mbs in range(1, job.max_micro_batch_size + 1):
-                        if job.global_batch_size % (mbs * dp):
-                            continue
-                        m = job.global_batch_size // (mbs * dp)
-                        for vpp in job.virtual_pipeline_sizes:
-                            if vpp > 1 and (pp == 1 or m % pp or model.num_layers // vpp < pp):
-                                continue
-                            for recompute in job.recompute:
-                                for zero in job.zero_stage:
-                                    yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero)
+                    yield from schedules(instance, tp, pp, cp, dp)
 
 
 def time_lower_bound(instance, config: Config, tables, usable: list[int], counts: dict | None = None) -> float:

@@ -8,6 +8,7 @@ import time
 
 from formulation.composition import island_tables
 from formulation.memory import stage_memory
+from formulation.space import Config
 
 from . import PlanResult, SolverReport
 from .compose import compose_search
@@ -19,7 +20,7 @@ def island_report(instance, placement, islands, objective: str = "time") -> list
     """Per island: its GPUs, the stages it hosts, its idle GPUs and the reason they are idle."""
     cluster = instance.cluster
     S = placement.tp * placement.cp * placement.dp
-    tables = island_tables(instance, _config_of(placement), islands, layer_counts=False)
+    tables = island_tables(instance, Config(*placement.config_key()), islands, layer_counts=False)
     stage_of_gpu = {int(g): i for i in range(placement.pp) for g in placement.stage_gpus(i)}
     out = []
     for isl, tb in zip(islands, tables):
@@ -32,7 +33,8 @@ def island_report(instance, placement, islands, objective: str = "time") -> list
             why = (f"a stage is tp x cp x dp = {S} GPUs, which does not tile its nodes of {isl.gpus_per_node} GPUs "
                    f"(or tp {placement.tp} does not divide them)")
         elif max(tb.caps) < placement.vpp:
-            need = stage_memory(instance, placement, placement.pp - 1, placement.vpp, cluster.gpu_types[isl.gpu_type])
+            roomiest = max(range(placement.pp), key=tb.caps.__getitem__)  # the stage closest to fitting
+            need = stage_memory(instance, placement, roomiest, placement.vpp, cluster.gpu_types[isl.gpu_type])
             why = (f"its GPUs cannot hold any stage of this configuration: {need.total_gib:.1f} GiB needed with "
                    f"{placement.vpp} layer(s) against {need.limit_gib:.1f} GiB allowed")
         elif idle < S:
@@ -46,12 +48,6 @@ def island_report(instance, placement, islands, objective: str = "time") -> list
                     "stages": stages, "layers": sum(placement.layers_per_stage[i] for i in stages),
                     "idle_gpus": idle, "why_idle": why})
     return out
-
-
-def _config_of(placement):
-    from formulation.space import Config
-    return Config(placement.tp, placement.pp, placement.cp, placement.dp, placement.vpp, placement.micro_batch_size,
-                  placement.recompute, placement.zero_stage)
 
 
 def solve_composed(instance, solver: str = "auto", time_limit: float | None = None, threads: int = 1, seed: int = 0,
