@@ -52,16 +52,21 @@ class GpuType:
     fragmentation_fraction: float  # allocator fragmentation, fraction of the allocated bytes
     iteration_overhead_s: float  # fixed per-iteration cost (data loading, logging, launch)
     price_per_hour: float = 0.0
+    peak_fp8_tflops: float = 0.0  # dense FP8 peak (data sheet); 0: the GPU has no FP8 tensor cores
+    fp8_matmul_efficiency: float = 1.0  # FP8 GEMM efficiency relative to the bf16 curve (docs/physics.md)
 
-    def matmul_time(self, flops: float, layer_gflop: float) -> float:
-        """(C1) t = F / (peak * e_max * W / (W + W_half)), W = per-GPU forward GFLOP of one layer."""
+    def matmul_time(self, flops: float, layer_gflop: float, fp8: bool = False) -> float:
+        """(C1) t = F / (peak * e_max * W / (W + W_half)), W = per-GPU forward GFLOP of one layer; FP8 GEMMs run
+        against the FP8 peak at `fp8_matmul_efficiency` times that curve (GPUs without FP8 run them in bf16)."""
         efficiency = self.matmul_efficiency * layer_gflop / (layer_gflop + self.efficiency_half_gflop)
+        if fp8 and self.peak_fp8_tflops > 0:
+            return flops / (self.peak_fp8_tflops * 1e12 * efficiency * self.fp8_matmul_efficiency)
         return flops / (self.peak_tflops * 1e12 * efficiency)
 
 
 _GPU_FIELDS = ("memory_gib", "peak_tflops", "hbm_gb_per_s", "matmul_efficiency", "efficiency_half_gflop",
                "attention_efficiency", "runtime_overhead_gib", "fragmentation_fraction", "iteration_overhead_s",
-               "price_per_hour")
+               "price_per_hour", "peak_fp8_tflops", "fp8_matmul_efficiency")
 
 
 def _load_json(path: Path) -> dict:
@@ -71,7 +76,7 @@ def _load_json(path: Path) -> dict:
 
 def gpu_catalog(software_stack: str = "megatron") -> dict[str, dict]:
     """Catalog facts merged with calibrated parameters: `default`, then the type's Megatron-LM fit, then a
-    stack-specific fit (`name+fsdp`) where one exists."""
+    stack-specific fit (`name+torchtitan`, `name+megatron-deepspeed`) where one exists."""
     catalog = _load_json(CATALOG_PATH)
     calibration = _load_json(CALIBRATION_PATH)
     default = {k: v for k, v in calibration.get("default", {}).items() if k in _GPU_FIELDS}
@@ -97,8 +102,10 @@ def gpu_type_from_dict(name: str, data: dict, file: str, path: str, software_sta
         base.update(catalog[preset])
     values = {}
     for key in _GPU_FIELDS:
-        positive = key not in ("fragmentation_fraction", "iteration_overhead_s", "runtime_overhead_gib", "price_per_hour")
-        maximum = 1.0 if key in ("matmul_efficiency", "attention_efficiency", "fragmentation_fraction") else None
+        positive = key not in ("fragmentation_fraction", "iteration_overhead_s", "runtime_overhead_gib", "price_per_hour",
+                               "peak_fp8_tflops")
+        maximum = 1.0 if key in ("matmul_efficiency", "attention_efficiency", "fragmentation_fraction",
+                                 "fp8_matmul_efficiency") else None
         if key in base or sec.has(key):
             values[key] = sec.number(key, default=base.get(key), positive=positive, minimum=0.0, maximum=maximum)
         else:
@@ -125,6 +132,7 @@ class Cluster:
     gpu_pair_gb_per_s: dict[tuple[int, int], float] = field(default_factory=dict)  # cross-node overrides, keys (lo, hi)
     intra_latency_s: float = 5e-6
     inter_latency_s: float = 15e-6
+    nominal_levels: tuple[bool, bool] = (True, True)  # (intra, inter) level figures are nominal, not nccl-tests fits
 
     @cached_property
     def gpu_node(self) -> np.ndarray:
@@ -462,4 +470,6 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
     for m in intra:
         np.fill_diagonal(m, np.inf)
     return Cluster(gpu_types=gpu_types, nodes=nodes, intra_gb_per_s=tuple(intra), inter_gb_per_s=inter,
-                   gpu_pair_gb_per_s=pairs, intra_latency_s=intra_latency, inter_latency_s=inter_latency)
+                   gpu_pair_gb_per_s=pairs, intra_latency_s=intra_latency, inter_latency_s=inter_latency,
+                   nominal_levels=(all(v is None for v in fits.intra_gb_per_s),
+                                   all(v is None for v in fits.inter_gb_per_s)))

@@ -22,6 +22,38 @@ COLLECTIVE_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambd
                     "all_gather": lambda n: n - 1}
 
 
+# Physics terms that can be switched off one at a time (ablations in docs/physics.md); all on by default.
+PHYSICS_TERMS = {
+    "fp8_gemm": True,  # FP8 GEMMs at the FP8 peak (off: FP8 runs scored as bf16)
+    "op_level_selective": True,  # torchtitan's selective checkpointing recomputes every other matmul
+    "eager_elementwise": True,  # torchtitan without torch.compile runs unfused elementwise kernels
+    "collective_efficiency": True,  # NCCL reaches a fraction of nominal link speed
+    "fp8_weight_copies": True,  # FP8 weight copies and transposes in memory
+    "imperfect_tp_overlap": True,  # overlapped (async) tp communication still costs part of its time
+    "unfused_loss_buffers": True,  # torchtitan's fp32 cross entropy keeps log-softmax and its gradient
+    "fsdp_pp_unsharded": True,  # torchtitan keeps FSDP parameters unsharded across micro-batches with pp
+}
+# Share of an overlapped tensor-parallel collective that stays on the critical path even when GEMMs could hide
+# it: the communication kernels take SMs and HBM bandwidth from the GEMMs they run beside. torchtitan's
+# published async-TP benchmark hides 53% (Llama-3.1-70B, 256 H100) and 46% (8B, 64 H100) of the tp
+# communication the plain-TP runs expose (docs/physics.md): 1/2. A ratio of small integers, so that the exact
+# program keeps integer coefficients on time variables.
+TP_OVERLAP_EXPOSED = (1, 2)
+
+
+def tp_overlap_exposed() -> tuple[int, int]:
+    """(numerator, denominator) of the share of overlapped tp communication left exposed."""
+    return TP_OVERLAP_EXPOSED if term("imperfect_tp_overlap") else (0, 1)
+# Fraction of a nominal link speed NCCL's bus bandwidth reaches for large messages (public nccl-tests figures,
+# docs/physics.md): inside a node, DGX H100 all-reduce about 370 GB/s of NVLink4's 450 (0.82) and DGX A100 about
+# 230-240 of NVLink3's 300 (0.78); between nodes NDR 400G about 46-48 GB/s of 50 and HDR 200G about 23-24 of 25.
+NCCL_LINE_RATE_FRACTION = {"intra": 0.8, "inter": 0.94}
+
+
+def term(name: str) -> bool:
+    return PHYSICS_TERMS[name]
+
+
 @dataclass(frozen=True)
 class GroupLinks:
     """What a collective group's time depends on (see `Cluster.group_links`)."""
@@ -50,14 +82,25 @@ def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster)
     if n <= 1 or message_bytes <= 0:
         return 0.0
     factor, steps = COLLECTIVE_FACTOR[kind], COLLECTIVE_STEPS[kind]
+    intra_eff, inter_eff = collective_efficiency(cluster)
     k, N = links.per_node, links.nodes
     time = 0.0
     if N == 1:
-        return factor(n) * message_bytes / (links.intra_gb_per_s * 1e9) + steps(n) * cluster.intra_latency_s
+        return factor(n) * message_bytes / (intra_eff * links.intra_gb_per_s * 1e9) + steps(n) * cluster.intra_latency_s
     if k > 1:
-        time += factor(k) * message_bytes / (links.intra_gb_per_s * 1e9) + steps(k) * cluster.intra_latency_s
-    time += factor(N) * message_bytes / (k * links.inter_gb_per_s * 1e9) + steps(N) * cluster.inter_latency_s
+        time += factor(k) * message_bytes / (intra_eff * links.intra_gb_per_s * 1e9) + steps(k) * cluster.intra_latency_s
+    time += factor(N) * message_bytes / (k * inter_eff * links.inter_gb_per_s * 1e9) + steps(N) * cluster.inter_latency_s
     return time
+
+
+def collective_efficiency(cluster) -> tuple[float, float]:
+    """(intra, inter) fraction of the cluster's link figures a collective reaches: NCCL's measured share of line
+    rate where a level was given as a nominal speed, 1 where it was measured (nccl-tests logs)."""
+    if not term("collective_efficiency"):
+        return 1.0, 1.0
+    nominal = getattr(cluster, "nominal_levels", (True, True))
+    return (NCCL_LINE_RATE_FRACTION["intra"] if nominal[0] else 1.0,
+            NCCL_LINE_RATE_FRACTION["inter"] if nominal[1] else 1.0)
 
 
 def p2p_time(message_bytes: float, gb_per_s: float, same_node: bool, cluster) -> float:
@@ -79,13 +122,19 @@ class LayerTimes:
         return self.matmul_fwd + self.attention_fwd + self.elementwise_fwd
 
 
+def fp8_gemms(job, gpu_type) -> bool:
+    """The transformer layers' GEMMs run in FP8 (precision fp8 on a GPU with FP8 tensor cores)."""
+    return job.precision == "fp8" and gpu_type.peak_fp8_tflops > 0 and term("fp8_gemm")
+
+
 def layer_compute(model, job, p, gpu_type) -> LayerTimes:
     """(C1)-(C2) Forward time of one layer for one micro-batch on one GPU of `gpu_type`.
 
-    GEMMs: 2 x tokens x matmul params / tp FLOPs at the shape-dependent efficiency of (C1).
-    Attention core: 4 x tokens x seq x heads x head_dim / tp at the GPU's attention efficiency, halved by
-    the causal mask with flash attention; without it, plus the score matrix's memory traffic
-    (heads x tokens x seq / tp elements, 2 bytes, 4 passes, 6 with dropout) at HBM bandwidth.
+    GEMMs: 2 x tokens x matmul params / tp FLOPs at the shape-dependent efficiency of (C1), against the FP8
+    peak when the job trains in FP8 (attention core, norms and the output layer stay in bf16, as in
+    Transformer Engine and torchao). Attention core: 4 x tokens x seq x heads x head_dim / tp at the GPU's
+    attention efficiency, halved by the causal mask with flash attention; without it, plus the score matrix's
+    memory traffic (heads x tokens x seq / tp elements, 2 bytes, 4 passes, 6 with dropout) at HBM bandwidth.
     tokens = micro_batch_size x seq / cp per GPU.
     """
     tokens = p.micro_batch_size * job.seq_length / p.cp
@@ -98,37 +147,66 @@ def layer_compute(model, job, p, gpu_type) -> LayerTimes:
     if not job.flash_attention:
         scores = model.num_attention_heads * tokens * job.seq_length / p.tp
         attention += scores * 2.0 * (4 + (2 if model.dropout else 0)) / (gpu_type.hbm_gb_per_s * 1e9)
-    return LayerTimes(matmul_fwd=gpu_type.matmul_time(mm_flops, mm_flops / 1e9), attention_fwd=attention,
-                      elementwise_fwd=elementwise_bytes(model, job, p) / (gpu_type.hbm_gb_per_s * 1e9))
+    matmul = gpu_type.matmul_time(mm_flops, mm_flops / 1e9, fp8=fp8_gemms(job, gpu_type))
+    return LayerTimes(matmul_fwd=matmul, attention_fwd=attention,
+                      elementwise_fwd=elementwise_bytes(model, job, p, gpu_type) / (gpu_type.hbm_gb_per_s * 1e9))
 
 
-def elementwise_bytes(model, job, p) -> float:
-    """(C3) Memory-bound work of one layer's forward: passes over [tokens, h] 16-bit tensors.
+def eager_stack(job) -> bool:
+    """torchtitan without torch.compile runs norms, rotary and the MLP activation as separate eager kernels."""
+    return job.software_stack == "torchtitan" and not job.torch_compile and term("eager_elementwise")
 
-    Two norms (read + write: 4), two residual adds (read 2, write 1: 6), rotary embedding on Q and K
-    (read + write: 2 (1 + kv/heads)), the MLP activation (SwiGLU reads 2f, writes f; GELU reads and writes
-    f), dropout (read, write, mask: 3 per dropout, 2 dropouts). With sequence parallelism (or tp = 1) each
-    GPU touches 1/tp of the norm/residual tensors; the MLP activation is always split by tp.
+
+def elementwise_bytes(model, job, p, gpu_type=None) -> float:
+    """(C3) Memory-bound work of one layer's forward: passes over [tokens, h] 16-bit tensors (units of 2 bytes).
+
+    Fused kernels (Megatron-LM / Transformer Engine, torch.compile): two norms (read + write: 4), two residual
+    adds (read 2, write 1: 6), rotary embedding on Q and K (read + write: 2 (1 + kv/heads)), the MLP activation
+    (SwiGLU reads 2f, writes f; GELU reads and writes f), dropout (read, write, mask: 3 per dropout, 2
+    dropouts). Eager PyTorch (torchtitan without compile) runs each op as its own kernel: RMSNorm upcasts,
+    squares, reduces, scales, downcasts and multiplies by the weight (about 20 units each), rotary goes through
+    fp32 complex views (10 units per Q/K head width), SwiGLU's silu and product are two kernels (5 f / h).
+    FP8 GEMMs first cast their four inputs (QKV, projection, fc1, fc2) to FP8: read 2 bytes, write 1 (1.5 units
+    each). With sequence parallelism (or tp = 1) each GPU touches 1/tp of the norm/residual tensors; the MLP
+    activation is always split by tp.
     """
     tokens = p.micro_batch_size * job.seq_length / p.cp
     sp = p.tp if (job.sequence_parallel or p.tp == 1) else 1
     h, f = model.hidden_size, model.ffn_hidden_size
-    rotary = 0.0 if model.learned_position_embeddings else 2.0 * (1 + model.num_kv_heads / model.num_attention_heads)
-    replicated = 4.0 + 6.0 + (6.0 if model.dropout else 0.0)
-    split = rotary + (3.0 if model.mlp == "swiglu" else 2.0) * f / h
+    eager = eager_stack(job)
+    qk = 1 + model.num_kv_heads / model.num_attention_heads
+    rotary = 0.0 if model.learned_position_embeddings else (10.0 if eager else 2.0) * qk
+    replicated = (40.0 if eager else 4.0) + 6.0 + (6.0 if model.dropout else 0.0)
+    swiglu = 5.0 if eager else 3.0
+    split = rotary + (swiglu if model.mlp == "swiglu" else 2.0) * f / h
+    if gpu_type is not None and fp8_gemms(job, gpu_type):
+        replicated += 1.5 * 2  # QKV and fc1 inputs (cast on the sequence-parallel shard)
+        split += 1.5 * (1 + f / h)  # projection and fc2 inputs
     return 2.0 * tokens * h * (replicated / sp + split / p.tp)
 
 
 def output_layer_forward(model, job, p, gpu_type) -> float:
-    """Output layer (vocab-parallel GEMM) forward, at the efficiency of its own size."""
+    """Output layer (vocab-parallel GEMM) forward, at the efficiency of its own size (bf16 also in FP8 runs)."""
     tokens = p.micro_batch_size * job.seq_length / p.cp
     flops = model.output_layer_flops(tokens) / p.tp
     return gpu_type.matmul_time(flops, flops / 1e9)
 
 
-def recompute_passes(recompute: str) -> float:
-    """(C4) Extra forward passes of the layers during backward: full recompute re-runs the whole layer."""
-    return 1.0 if recompute == "full" else 0.0
+def recompute_extra(lt: LayerTimes, recompute: str, software_stack: str) -> tuple[float, float]:
+    """(C4) Extra backward compute of one layer for its recompute, and the passes of tp / cp communication
+    the recompute repeats.
+
+    full: the whole forward again, communication included. selective: Megatron-LM re-runs the attention core
+    only (Korthikanti et al. 2022); torchtitan's op-level selective checkpointing saves the outputs of every
+    other matmul and of SDPA and recomputes the rest (torchtitan `_save_list` policy: half the matmul
+    forward and every elementwise op; saved collectives are not repeated)."""
+    if recompute == "full":
+        return lt.forward, 1.0
+    if recompute == "selective":
+        if software_stack == "torchtitan" and term("op_level_selective"):
+            return 0.5 * lt.matmul_fwd + lt.elementwise_fwd, 0.0
+        return lt.attention_fwd, 0.0
+    return 0.0, 0.0
 
 
 def activation_message_bytes(model, job, p) -> float:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from . import cost
+from .job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS
+
 GIB = float(1 << 30)
 
 
@@ -83,10 +86,56 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
     full_layer = split / p.tp + replicated / sp + attention
     if p.recompute == "none":
         return full_layer, 0.0
+    if p.recompute == "selective" and job.software_stack == "torchtitan" and job.flash_attention \
+            and cost.term("op_level_selective"):
+        return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), 0.0
     if p.recompute == "selective":
         kept = split / p.tp + replicated / sp + (attention if job.flash_attention else 0.0)
         return kept, (0.0 if job.flash_attention else attention)
     return 2.0 * seq * p.micro_batch_size * model.hidden_size / sp, full_layer
+
+
+def op_level_selective_bytes(model, seq: float, micro_batch: int, tp: int, sp: int) -> float:
+    """torchtitan's op-level selective checkpointing keeps, per layer, the block input and the outputs of the
+    matmuls it does not recompute (wq, wv, w1, w2 of the seven wq wk wv wo w1 w3 w2: every second one is
+    recomputed) and of SDPA (output and fp32 log-sum-exp), all 16-bit: 2 s b (h + q + kv + q + f + h) bytes,
+    the head-width and MLP terms split by tp, the two h-wide terms by sequence parallelism."""
+    tokens = seq * micro_batch
+    q = model.num_attention_heads * model.head_dim
+    kv = model.num_kv_heads * model.head_dim
+    split = 2.0 * tokens * (q + kv + q + model.ffn_hidden_size) + 4.0 * tokens * model.num_attention_heads
+    return split / tp + 2.0 * tokens * 2 * model.hidden_size / sp
+
+
+def fp8_weight_copy_bytes(job, p, layer_params: float) -> tuple[float, float]:
+    """(M6) Transformer Engine keeps an FP8 copy of every layer's GEMM weights and its transpose for the
+    backward (1 + 1 byte per parameter), for the whole iteration (reused across micro-batches); with ZeRO-3
+    (torchao's FP8 all-gather) only the two layers in flight are unsharded. Returns (fixed, per layer)."""
+    if job.precision != "fp8" or not cost.term("fp8_weight_copies"):
+        return 0.0, 0.0
+    if p.zero_stage >= 3:
+        return 2 * layer_params * 2.0, 0.0
+    return 0.0, layer_params * 2.0
+
+
+def loss_bytes_per_logit(job) -> float:
+    """Bytes per logit alive at the loss: Megatron-LM's fused vocab-parallel cross entropy keeps the bf16 logits
+    and one fp32 copy it works in place on (2 + 4). torchtitan calls PyTorch's cross entropy on
+    `logits.float()`: bf16 logits, the fp32 copy, the fp32 log-softmax saved for backward and its fp32
+    gradient (2 + 4 + 4 + 4)."""
+    if job.software_stack == "torchtitan" and cost.term("unfused_loss_buffers"):
+        return 14.0
+    return 6.0
+
+
+def unsharded_pipeline_bytes(job, p) -> float:
+    """torchtitan with pipeline parallelism does not reshard FSDP parameters after forward (its documented
+    `reshard_after_forward` default when pp > 1), so a stage keeps its layers' bf16 parameters unsharded and
+    accumulates their gradients unsharded in the fp32 reduce dtype across micro-batches: 2 + 4 bytes per local
+    parameter, on top of the shards."""
+    if job.software_stack == "torchtitan" and p.pp > 1 and p.zero_stage >= 3 and cost.term("fsdp_pp_unsharded"):
+        return 6.0
+    return 0.0
 
 
 def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
@@ -117,14 +166,20 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
     if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input
         act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m) * sbh / sp
     buf_fixed = 0.0
-    if stage == p.pp - 1:  # final norm and output-layer inputs; bf16 logits + fp32 copy for the loss
+    if stage == p.pp - 1:  # final norm and output-layer inputs; the logits and the loss's buffers
         act_fixed += 4 * sbh / sp
-        buf_fixed += seq * p.micro_batch_size * model.vocab_size / p.tp * (2 + 4)
+        buf_fixed += seq * p.micro_batch_size * model.vocab_size / p.tp * loss_bytes_per_logit(job)
     activations = (act_fixed, kept * per_layer_units)
     # (M6) buffers: ZeRO-3 gathers two layers ahead (bf16) and reduce-scatters one layer's gradients
     if p.zero_stage >= 3:
         buf_fixed += layer_params * (2 * w_bytes + g_bytes)
-    return MemoryCoefficients(weights, gradients, optimizer, activations, (buf_fixed, 0.0))
+    buf_per_layer = layer_params * unsharded_pipeline_bytes(job, p)
+    if job.software_stack in DEEPSPEED and 1 <= p.zero_stage < 3:
+        # DeepSpeed ZeRO-1 stages its reduce-scatter and all-gather through two 16-bit bucket buffers
+        buf_fixed += 2 * DEEPSPEED_BUCKET_ELEMENTS * 2.0
+    fp8_fixed, fp8_per_layer = fp8_weight_copy_bytes(job, p, model.layer_matmul_params / p.tp)
+    return MemoryCoefficients(weights, gradients, optimizer, activations,
+                              (buf_fixed + fp8_fixed, buf_per_layer + fp8_per_layer))
 
 
 def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: MemoryCoefficients | None = None

@@ -246,6 +246,9 @@ def _stage_time(b: _Builder, i: int) -> int:
     if job.tp_comm_overlap:
         prog.add({tp_f: 1, tp: -1}, ">=", -b.t(k.matmul_fwd), "P7 tp exposed")
         prog.add({tp_b0: 1, tp: -1}, ">=", -b.t(2 * k.matmul_fwd), "P7 tp exposed")
+        num, den = cost.tp_overlap_exposed()  # contention: at least num/den of the overlapped time
+        prog.add({tp_f: den, tp: -num}, ">=", 0, "P7 tp exposed share")
+        prog.add({tp_b0: den, tp: -num}, ">=", 0, "P7 tp exposed share")
     else:
         prog.add({tp_f: 1, tp: -1}, ">=", 0, "P7 tp exposed")
         prog.add({tp_b0: 1, tp: -1}, ">=", 0, "P7 tp exposed")

@@ -40,8 +40,8 @@ class StageConstants:
 def stage_constants(instance, p, stage: int, gpu_type) -> StageConstants:
     model, job = instance.model, instance.training
     lt = cost.layer_compute(model, job, p, gpu_type)
-    rp = cost.recompute_passes(p.recompute)
-    b_compute = 2 * lt.forward + rp * lt.forward + (lt.attention_fwd if p.recompute == "selective" else 0.0)
+    extra, rp = cost.recompute_extra(lt, p.recompute, job.software_stack)
+    b_compute = 2 * lt.forward + extra
     w_bytes = job.bytes_per_param_state[0]
     c = memory_coefficients(instance, p, stage)
     unshard = p.dp * p.cp if p.zero_stage >= 3 else 1
@@ -70,8 +70,10 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     tp, cp: forward communication of the slowest tp / cp group; ag, rs: ZeRO-3 per-layer all-gather and
     reduce-scatter of the slowest data-parallel group (0 without ZeRO-3). Non-decreasing in every argument.
     """
-    if tp_overlap:  # only what the GEMMs cannot hide stays on the critical path
-        tp_f, tp_b = max(0.0, tp - k.matmul_fwd), max(0.0, tp - 2 * k.matmul_fwd)
+    if tp_overlap:  # what the GEMMs cannot hide, and at least the share contention leaves exposed
+        num, den = cost.tp_overlap_exposed()
+        floor = num * tp / den
+        tp_f, tp_b = max(floor, tp - k.matmul_fwd), max(floor, tp - 2 * k.matmul_fwd)
     else:
         tp_f, tp_b = tp, tp
     tp_b += k.recompute_passes * tp_f

@@ -15,11 +15,21 @@ def placement_summary(p: Placement) -> str:
             f"recompute={p.recompute} zero_stage={p.zero_stage} layers_per_stage={list(p.layers_per_stage)}")
 
 
+def stack_note(job) -> str:
+    """Which stack (and precision) the prediction assumes, with a warning when the instance did not say."""
+    compile_note = f", torch.compile {'on' if job.torch_compile else 'off'}" if job.software_stack == "torchtitan" else ""
+    note = f"{job.software_stack} ({job.precision}{compile_note})"
+    if job.software_stack_defaulted:
+        note += " - WARNING: training.software_stack not set, assumed megatron; set it to the stack you run"
+    return note
+
+
 def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head = Table(title=f"{instance.name}: {instance.model.name} on {p.world_size} GPUs", show_header=False)
     head.add_column(style="bold")
     head.add_column()
     head.add_row("configuration", placement_summary(p))
+    head.add_row("software stack", stack_note(instance.training))
     head.add_row("micro-batches per iteration", str(e.num_micro_batches))
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s")
     head.add_row("throughput", f"{e.tokens_per_s:,.0f} tokens/s")

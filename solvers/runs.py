@@ -87,8 +87,8 @@ def run_from_row(index: int, r: dict) -> Run:
         return Run(**base, skipped_reason=reason)
 
     precision = (r.get("precision") or "").strip().lower()
-    if precision not in ("bf16", "fp16"):
-        return skip(f"precision {precision or 'unknown'} is not modelled yet (bf16 and fp16 are)")
+    if precision not in ("bf16", "fp16", "fp8"):
+        return skip(f"precision {precision or 'unknown'} is not modelled yet (bf16, fp16 and fp8 are)")
     if _int(r["ep"], 1) > 1:
         return skip("mixture-of-experts (ep > 1) is not modelled yet")
     if not r["tp"].strip() or not r["pp"].strip():
@@ -118,7 +118,8 @@ def run_from_row(index: int, r: dict) -> Run:
                      "context_parallel_sizes": [cp], "virtual_pipeline_sizes": [vpp],
                      "flash_attention": not old, "sequence_parallel": sequence_parallel,
                      "tp_comm_overlap": "tp-comm-overlap" in r["notes"], "memory_limit_fraction": 1.0,
-                     "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron"},
+                     "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
+                     "torch_compile": "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"]},
         "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
                     "nodes": [{"count": nodes, "prefix": "n", "gpu_type": gpu_type, "gpus": min(per_node, n_gpus)}],
                     "network": {"intra_node_gb_per_s": float(r["intra_node_gb_per_s"]),
