@@ -59,7 +59,7 @@ class PlanResult:
 
 
 def is_mixed(instance) -> bool:
-    """More than one GPU type: planned as islands composed into pipelines (solvers/compose.py)."""
+    """More than one GPU type: planned as islands composed into pipelines (solvers/search/mixed.py)."""
     return len({n.gpu_type for n in instance.cluster.nodes}) > 1
 
 
@@ -79,9 +79,9 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     """
     import time
 
-    from . import backends
-    from .baseline import best_default
-    from .search import (
+    from solvers import backends
+    from solvers.search.baseline import best_default
+    from solvers.search.uniform import (
         ANNEAL_MOVES,
         AUTO_PROGRAM_LIMIT_S,
         MAX_EXACT_SIZE,
@@ -91,7 +91,7 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
 
     start = time.perf_counter()
     if solver in ("auto", "cbc", "cpsat") and (is_mixed(instance) or objective != "time"):
-        from .islands_plan import solve_composed
+        from solvers.search.islands import solve_composed
         return solve_composed(instance, solver=solver, time_limit=time_limit, threads=threads, seed=seed, top=top,
                               progress=progress, objective=objective, required_tokens_per_s=required_tokens_per_s)
     if objective != "time":
@@ -115,7 +115,7 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
     if solver not in ("cbc", "cpsat"):
         raise ValueError(f"unknown solver {solver!r}; expected auto, cbc, cpsat, anneal or baseline")
     # Beyond the exact program's reach the chosen backend solves the partition programs of the bound-only
-    # search instead (solvers/partition.py), and annealing polishes the best placements: asking for a backend
+    # search instead (solvers/local/partition.py), and annealing polishes the best placements: asking for a backend
     # never means waiting for a program that cannot finish. "anneal" anneals the default placements only.
     exact = exact_is_tractable(instance) and not annealing
     moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES

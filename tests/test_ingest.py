@@ -12,9 +12,9 @@ import pytest
 
 from conftest import REPO, build_instance, run_solve, small_instance_dict, write_instance
 from formulation import InputError, default_placement, evaluate, load_instance
-from formulation.ingest import (fit_nccl_log, gpu_bandwidth_matrix, parse_nccl_log, parse_topology,
+from formulation.inputs.ingest import (fit_nccl_log, gpu_bandwidth_matrix, parse_nccl_log, parse_topology,
                                 sendrecv_pair_bandwidths, summarize)
-from formulation.model import model_from_dict, read_json_file
+from formulation.inputs.model import model_from_dict, read_json_file
 
 SAMPLES = REPO / "instances" / "samples"
 NCCL = SAMPLES / "nccl"
