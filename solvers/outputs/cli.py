@@ -1,6 +1,7 @@
 """The `solve` command.
 
     solve --instance instances/h100_128.json [--output plan.json] [--top K] [--output-dir DIR] [--plot]
+          [--method auto|exact|bound-only|anneal|baseline] [--backend auto|cbc|cpsat] [--time-limit S]
     solve --instance X --evaluate placement.json [--json] [--output-dir DIR] [--plot]
     solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
     solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
@@ -14,9 +15,22 @@ expectation); 3 internal error; 130 interrupted before any plan existed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from formulation import InfeasibleError, InputError, evaluate, load_instance
+from formulation.placement import load_placement
+from solvers import solve
+from solvers.outputs.files import write_json_atomic
+from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables
+from solvers.search.islands import UNITS
+from solvers.search.uniform import MAX_EXACT_SIZE, NoPlanInTime
+from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -35,13 +49,19 @@ def _parser() -> argparse.ArgumentParser:
                                                             "launch scripts, torchtitan.toml, pictures and README.txt")
     parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
                                                             "--output-dir, else next to --output, else here)")
-    parser.add_argument("--solver", default="auto", choices=["auto", "cbc", "cpsat", "anneal", "baseline"],
-                        help="auto: CP-SAT (CBC without OR-Tools); cbc / cpsat: that backend. Either way the exact "
-                             "program where the cluster is small enough to prove (ranks x GPU classes <= 256), else "
-                             "the bound-only search (default GPU maps, partitions solved exactly, proven global lower "
-                             "bound, then annealed placements for the best configurations), and the report says "
-                             "which; anneal: simulated annealing of the best default placements with the proven "
-                             "global lower bound; baseline: Megatron-style defaults only, no bound")
+    parser.add_argument("--method", default=None, choices=METHODS,
+                        help="auto (default): the exact program where the cluster is small enough to prove "
+                             f"(GPUs x GPU classes <= {MAX_EXACT_SIZE}), else the bound-only search; exact: the exact "
+                             "program (refused beyond its reach); bound-only: default GPU maps with layer partitions "
+                             "solved exactly, a proven global lower bound, then annealed placements for the best "
+                             "configurations; anneal: simulated annealing of the best default placements with the "
+                             "proven global lower bound; baseline: Megatron-style defaults only, no bound. The report "
+                             "says which ran")
+    parser.add_argument("--backend", default=None, choices=BACKENDS,
+                        help="the solver of the programs: cbc, cpsat, or auto (default: CP-SAT, CBC without OR-Tools)")
+    parser.add_argument("--solver", default=None, choices=list(SOLVER_ALIASES),
+                        help="older spelling of a method and backend: auto, cbc / cpsat (method auto with that "
+                             "backend), anneal, baseline")
     parser.add_argument("--objective", default="time", choices=["time", "cost", "gpus"],
                         help="time: fastest iteration (default); cost: least GPU price per trained token (per-type "
                              "price_per_hour in the instance); gpus: fewest GPUs reaching --required-tokens-per-s. "
@@ -62,15 +82,7 @@ def _fail(code: int, message: str) -> int:
 
 
 def run(argv: list[str]) -> int:
-    from rich.console import Console
-
-    from formulation import InfeasibleError, InputError, evaluate, load_instance
-    from formulation.placement import load_placement
-
-    from solvers import solve, write_json_atomic
-    from solvers.search.uniform import NoPlanInTime
-    from solvers.outputs.report import estimate_tables, gpu_grid_table, print_tables
-
+    # Subcommands import their modules on demand: validation pulls in scipy, which `solve --help` should not wait for.
     if argv and argv[0] in ("validate", "calibrate"):
         from solvers.validation import validate
         return validate.main(argv[0], argv[1:])
@@ -82,9 +94,12 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, f"--top: expected a positive integer, got {args.top}")
     if args.objective == "gpus" and not (args.required_tokens_per_s and args.required_tokens_per_s > 0):
         return _fail(EXIT_BAD_INPUT, "--required-tokens-per-s: expected a positive throughput with --objective gpus")
-    if args.objective != "time" and args.solver in ("anneal", "baseline"):
-        return _fail(EXIT_BAD_INPUT, f"--objective {args.objective}: needs --solver auto, cbc or cpsat, "
-                                     f"not {args.solver}")
+    if args.solver is not None and (args.method is not None or args.backend is not None):
+        return _fail(EXIT_BAD_INPUT, "--solver: give either --solver or --method/--backend, not both")
+    args.method, args.backend = strategy(args.solver, args.method or "auto", args.backend or "auto")
+    if args.objective != "time" and args.method not in ("auto", "exact"):
+        return _fail(EXIT_BAD_INPUT, f"--objective {args.objective}: needs --method auto or exact, "
+                                     f"not {args.method}")
     if args.time_limit is not None and args.time_limit <= 0:
         return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
     try:
@@ -124,11 +139,9 @@ def run(argv: list[str]) -> int:
     if s.note:
         console.print(f"  ({s.note})")
     if s.objective != "time":
-        from solvers.search.islands import UNITS
         console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
                       f"(bound {s.bound_value:.6g})")
     if s.islands:
-        from solvers.outputs.report import islands_table
         print_tables([islands_table(s.islands)], console)
     _print_default_comparison(instance, result, console)
     for rank, (p, e) in enumerate(result.alternatives, start=2):
@@ -144,10 +157,6 @@ def _print_default_comparison(instance, result, console) -> None:
     GPU assignment alone brings (the plan's configuration and partition with ranks filled node by node)."""
     if not result.default:
         return
-    import dataclasses
-
-    from formulation import evaluate
-
     default_s = result.default[1].iteration_time_s
     plan_s = result.estimate.iteration_time_s
     filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
@@ -174,8 +183,6 @@ def _write_outputs(args, instance, plan, console) -> int:
     """--output-dir (launch files and pictures) and --plot; the paths go to the console (stderr with --json)."""
     if not (args.output_dir or args.plot):
         return EXIT_OK
-    from pathlib import Path
-
     target = args.output_dir or (str(Path(args.output).parent) if args.output else ".")
     try:
         if args.output_dir:
@@ -193,7 +200,7 @@ def _write_outputs(args, instance, plan, console) -> int:
 
 def _solve_with_progress(instance, args, solve):
     """Run the search, with a progress bar on an interactive terminal unless --quiet."""
-    kwargs = dict(solver=args.solver, time_limit=args.time_limit, threads=args.threads, seed=args.seed,
+    kwargs = dict(method=args.method, backend=args.backend, time_limit=args.time_limit, threads=args.threads, seed=args.seed,
                   top=args.top, objective=args.objective, required_tokens_per_s=args.required_tokens_per_s)
     if args.quiet or not sys.stderr.isatty():
         return solve(instance, **kwargs)

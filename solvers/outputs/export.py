@@ -6,14 +6,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import tempfile
 import textwrap
 from pathlib import Path
 
 from formulation.placement import Placement
+from solvers.outputs.files import write_json_atomic, write_text_atomic
 
 from solvers.outputs.launch import (LaunchMismatch, SlurmLaunch, TorchrunLaunch, check_groups, parse_slurm_files,
                      parse_torchrun_script, slurm_launch, torchrun_launch)
@@ -358,21 +357,6 @@ def _summary(p: Placement) -> str:
             f"recompute={p.recompute} zero_stage={p.zero_stage} layers_per_stage={list(p.layers_per_stage)}")
 
 
-def write_text_atomic(path: Path, text: str, executable: bool = False) -> None:
-    """Write through a temporary file in the same directory and rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o755 if executable else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 _DESCRIPTIONS = {
     "plan.json": "the plan: placement (parallel sizes, layers per stage, GPU of every rank), estimate, solver report",
     "megatron_args.sh": "Megatron-LM arguments as a bash array MEGATRON_ARGS (source it)",
@@ -393,7 +377,6 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
     Everything is rendered and self-checked before the first file is written, so a failed check leaves no
     partial output. Returns file name -> path of everything written.
     """
-    from solvers import write_json_atomic
 
     p, out = plan.placement, Path(out_dir)
     files: dict[str, str] = {"megatron_args.sh": megatron_args_script(instance, plan)}

@@ -3,14 +3,13 @@ chart, memory per stage, and the cluster as a node x GPU grid with its inter-nod
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from formulation.physics import cost
+from solvers.outputs.files import save_figure_atomic
 
 FORWARD, BACKWARD, P2P, CRITICAL = "#4C72B0", "#DD8452", "#8172B3", "#C44E52"
 
@@ -136,22 +135,6 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=110, layout="constrained")
 
 
-def _save(fig, path) -> Path:
-    """savefig into a temporary file of the same directory, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def _shade(color: str, chunk: int, vpp: int):
     """Lighter shades for earlier model chunks, so interleaving is visible."""
     from matplotlib.colors import to_rgb
@@ -240,7 +223,7 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
     if p.vpp > 1:
         handles.append(Patch(color=_shade(FORWARD, 0, p.vpp), label="lighter = earlier model chunk"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
-    return _save(fig, path)
+    return save_figure_atomic(fig, path)
 
 
 def memory_bars(instance, placement, estimate, path) -> Path:
@@ -279,7 +262,7 @@ def memory_bars(instance, placement, estimate, path) -> Path:
                  f"{'fits' if estimate.fits else 'DOES NOT FIT'}", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()  # top component first, as stacked
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
-    return _save(fig, path)
+    return save_figure_atomic(fig, path)
 
 
 # ---- cluster picture ---------------------------------------------------------------------------------------
@@ -410,7 +393,7 @@ def cluster_grid(instance, placement, path) -> Path:
     bx.set_title("node-pair bandwidth; cyan = slow pair" + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
     fig.suptitle(f"{instance.name}: {p.world_size} of {cluster.num_gpus} GPUs, tp={p.tp} pp={p.pp} cp={p.cp} "
                  f"dp={p.dp}; slow = below {SLOW:.0%} of comparable links", fontsize=10)
-    return _save(fig, path)
+    return save_figure_atomic(fig, path)
 
 
 def write_pictures(instance, placement, estimate, out_dir) -> dict[str, Path]:

@@ -10,7 +10,7 @@ from formulation.programs.composition import island_tables
 from formulation.physics.memory import stage_memory
 from formulation.space import Config
 
-from solvers import PlanResult, SolverReport
+from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
 
 UNITS = {"time": "s per iteration", "cost": "price per million tokens", "gpus": "GPUs"}

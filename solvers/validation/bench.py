@@ -173,7 +173,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def _write(result: dict, out: Path) -> list[Path]:
-    from solvers import write_json_atomic
+    from solvers.outputs.files import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     fields = ["instance", "gpus", "method", "seed", "reported", "status", "objective_s", "tokens_per_s", "bound_s", "gap",
