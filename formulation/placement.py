@@ -6,7 +6,6 @@ Ranks follow Megatron-LM's default order `tp-cp-dp-pp` (tp varies fastest):
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
@@ -197,5 +196,3 @@ def load_placement(path, instance) -> Placement:
     return placement_from_dict(data, instance, str(path))
 
 
-def placement_json(p: Placement, cluster) -> str:
-    return json.dumps(p.to_dict(cluster), indent=2)

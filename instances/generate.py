@@ -190,7 +190,7 @@ def _mixed(name: str, description: str, model: str, training: dict, pods: list[t
 
 
 def a100_h100_64() -> dict:
-    """4 DGX H100 + 4 DGX A100-80GB nodes: the two-purchase cluster of issue 7."""
+    """4 DGX H100 + 4 DGX A100-80GB nodes: two purchases of different GPU generations."""
     return _mixed(
         "a100_h100_64",
         "Llama-3 70B, sequence 4096, global batch 256 sequences (1M tokens per step) on 4 DGX H100 nodes and 4 "

@@ -1,5 +1,5 @@
 """Solver faults and early stops: each ends with the best plan so far and an honest status, or a clear error,
-and nothing half-written (issue 8).
+and nothing half-written.
 
 Cases: the CBC binary missing; CBC killed (SIGKILL) mid-solve; CP-SAT answering UNKNOWN and MODEL_INVALID;
 a time limit of 0.1 s; Ctrl-C (SIGINT) during a long search, before and after a first plan exists.

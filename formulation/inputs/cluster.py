@@ -210,17 +210,6 @@ class Cluster:
                 inter = float(sub[~np.eye(len(uniq), dtype=bool)].min())
         return intra, inter, int(len(uniq)), int(counts.min())
 
-    def link_graph(self) -> nx.Graph:
-        """Nodes as graph vertices, edges weighted by per-GPU inter-node bandwidth (for reports and plots)."""
-        graph = nx.Graph()
-        for i, node in enumerate(self.nodes):
-            graph.add_node(i, name=node.name, gpu_type=node.gpu_type)
-        n = len(self.nodes)
-        for i in range(n):
-            for j in range(i + 1, n):
-                graph.add_edge(i, j, gb_per_s=float(self.inter_gb_per_s[i, j]))
-        return graph
-
     def interchangeable_nodes(self) -> list[list[int]]:
         """Classes of nodes that can be swapped without changing any bandwidth (same GPU type, same intra-node
         matrix, and the transposition of the two nodes is an automorphism of the inter-node matrix).

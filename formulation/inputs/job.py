@@ -41,10 +41,6 @@ class TrainingJob:
         """
         return (2.0, 4.0, 12.0) if self.precision == "bf16" else (2.0, 2.0, 16.0)
 
-    @property
-    def activation_bytes(self) -> int:
-        return 2  # 16-bit activations for bf16 and fp16
-
 
 def _choices(sec: Section, key: str, allowed: tuple, default: tuple, kind: type) -> tuple:
     value = sec.raw(key, default)

@@ -77,7 +77,7 @@ def build_program(instance, config: Config) -> Program:
     b = _Builder(instance, config)
     gpu_types = {b.cluster.nodes[n].gpu_type for n in range(len(b.cluster.nodes))}
     if len(gpu_types) != 1:
-        raise ValueError("the exact program handles one GPU type per cluster (mixed clusters: issue 7)")
+        raise ValueError("the exact program handles one GPU type per cluster (mixed clusters are composed from islands: solvers/search/mixed.py)")
     b.gpu_type = b.cluster.gpu_types[gpu_types.pop()]
     _assignment(b)
     _partition_and_memory(b)

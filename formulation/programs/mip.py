@@ -72,12 +72,6 @@ class Program:
             return  # no fixpoint: keep the unbounded domains
         self.upper = [u * (1 + 1e-9) + 1.0 if c else u for u, c in zip(upper, cont)]
 
-    def families(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for *_, family in self.rows:
-            out[family] = out.get(family, 0) + 1
-        return out
-
     def decode(self, values) -> Placement:
         """Placement from a solution vector: ranks take their class's GPUs in index order."""
         c = self.config

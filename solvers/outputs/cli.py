@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from formulation import InfeasibleError, InputError, evaluate, load_instance
+from formulation.inputs.ingest import summarize
 from formulation.placement import load_placement
 from solvers import solve
 from solvers.outputs.files import write_json_atomic
@@ -39,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="solve", description="Plan LLM training on a GPU cluster: parallel sizes, layer partition and "
                                   "GPU-to-rank map that make an iteration fastest without running out of memory.",
-        epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help'. Exit codes: "
+        epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help', "
+               "'solve ingest FILE' (what the planner takes from a measurement or config file). Exit codes: "
                "0 plan found, 1 no feasible plan, 2 bad input.")
     parser.add_argument("--instance", required=True, help="instance file (JSON or YAML): model, training, cluster")
     parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
@@ -86,6 +88,8 @@ def run(argv: list[str]) -> int:
     if argv and argv[0] in ("validate", "calibrate"):
         from solvers.validation import validate
         return validate.main(argv[0], argv[1:])
+    if argv and argv[0] == "ingest":
+        return _ingest(argv[1:])
     if argv and argv[0] == "bench":
         from solvers.validation import bench
         return bench.main(argv[1:])
@@ -150,6 +154,22 @@ def run(argv: list[str]) -> int:
     if args.output:
         console.print(f"plan written to {args.output}")
     return _write_outputs(args, instance, result, console)
+
+
+def _ingest(argv: list[str]) -> int:
+    """`solve ingest FILE...`: what the planner takes from each measurement or config file."""
+    parser = argparse.ArgumentParser(prog="solve ingest", description="Say what the planner takes from an "
+                                     "nccl-tests log, `nvidia-smi topo -m` output or Hugging Face config.json")
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    parser.add_argument("--gpu-generation", default=None, help="with a topology: also print its GPU-pair "
+                                                               "bandwidths for this generation (v100, a100, h100, ...)")
+    args = parser.parse_args(argv)
+    try:
+        for path in args.files:
+            print(summarize(path, args.gpu_generation))
+    except InputError as exc:
+        return _fail(EXIT_BAD_INPUT, f"error: {exc}")
+    return EXIT_OK
 
 
 def _print_default_comparison(instance, result, console) -> None:

@@ -23,7 +23,7 @@ INSTANCE_DIRS = [Path("instances"), Path(__file__).resolve().parents[2] / "insta
 DEFAULT_INSTANCES = ["small_2x4", "small_4x2", "measured_4", "measured_16", "measured_32", "measured_64", "h100_128",
                      "h100_1024", "h100_16384"]
 QUICK_INSTANCES = ["small_4x2", "measured_16", "h100_128"]
-# Mixed GPU types (issue 7): the composed plan against the best plan on the largest island alone and against
+# Mixed GPU types: the composed plan against the best plan on the largest island alone and against
 # the type-blind Megatron default (even split over all GPUs, every stage at its slowest GPU's pace).
 MIXED_INSTANCES = ["a100_h100_64", "mixed_256"]
 MIXED_METHODS = ["default", "largest-island", "best-island", "auto", "cbc", "cpsat"]
