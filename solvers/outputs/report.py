@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -10,16 +12,18 @@ from formulation.evaluate import Estimate
 from formulation.placement import Placement
 
 
-def placement_summary(p: Placement) -> str:
-    return (f"tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} micro_batch_size={p.micro_batch_size} "
-            f"recompute={p.recompute} zero_stage={p.zero_stage} layers_per_stage={list(p.layers_per_stage)}")
+def comment_lines(notes: list[str], prefix: str = "") -> list[str]:
+    """Notes as shell/TOML comments wrapped at 110 columns."""
+    return [line for note in notes
+            for line in textwrap.wrap(note, 110, initial_indent="# " + prefix, subsequent_indent="#   ",
+                                       break_on_hyphens=False)]
 
 
 def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head = Table(title=f"{instance.name}: {instance.model.name} on {p.world_size} GPUs", show_header=False)
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("configuration", placement_summary(p))
+    head.add_row("configuration", p.summary())
     head.add_row("micro-batches per iteration", str(e.num_micro_batches))
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s")
     head.add_row("throughput", f"{e.tokens_per_s:,.0f} tokens/s")
