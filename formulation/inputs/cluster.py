@@ -40,7 +40,7 @@ CALIBRATION_PATH = DATA_DIR / "calibration.json"
 
 @dataclass(frozen=True)
 class GpuType:
-    """Hardware facts and achieved-efficiency parameters of one GPU type (see README, model section (C1)-(C3))."""
+    """Hardware facts and achieved-efficiency parameters of one GPU type (see docs/model.md (C1)-(C3))."""
 
     name: str
     memory_gib: float
@@ -284,7 +284,7 @@ class Cluster:
 
 def load_cluster_section(data: dict, file: str, software_stack: str = "megatron",
                          base_dir: Path | None = None) -> Cluster:
-    """The instance's `cluster` section (strict; see README, instance format). Measurement files are relative to
+    """The instance's `cluster` section (strict; see docs/instance-format.md). Measurement files are relative to
     `base_dir` (the instance file's directory; default the current directory)."""
     sec = Section(data, file, "cluster")
     types_sec = sec.section("gpu_types")

@@ -133,24 +133,7 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
-    print_tables(estimate_tables(instance, result.placement, result.estimate)
-                 + [gpu_grid_table(instance, result.placement)], console)
-    s = result.solver
-    console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
-                  f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
-                  f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
-                  f"seed {s.seed}")
-    if s.note:
-        console.print(f"  ({s.note})")
-    if s.objective != "time":
-        console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
-                      f"(bound {s.bound_value:.6g})")
-    if s.islands:
-        print_tables([islands_table(s.islands)], console)
-    _print_default_comparison(instance, result, console)
-    for rank, (p, e) in enumerate(result.alternatives, start=2):
-        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
-                      f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
+    _print_plan(instance, result, console)
     if args.output:
         console.print(f"plan written to {args.output}")
     return _write_outputs(args, instance, result, console)
@@ -170,6 +153,28 @@ def _ingest(argv: list[str]) -> int:
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     return EXIT_OK
+
+
+def _print_plan(instance, result, console) -> None:
+    """The plan's tables, the solver's report, the comparison with the default, and the runners-up."""
+    print_tables(estimate_tables(instance, result.placement, result.estimate)
+                 + [gpu_grid_table(instance, result.placement)], console)
+    s = result.solver
+    console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
+                  f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
+                  f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
+                  f"seed {s.seed}")
+    if s.note:
+        console.print(f"  ({s.note})")
+    if s.objective != "time":
+        console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
+                      f"(bound {s.bound_value:.6g})")
+    if s.islands:
+        print_tables([islands_table(s.islands)], console)
+    _print_default_comparison(instance, result, console)
+    for rank, (p, e) in enumerate(result.alternatives, start=2):
+        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
+                      f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
 
 
 def _print_default_comparison(instance, result, console) -> None:

@@ -26,30 +26,7 @@ def torchtitan_toml(instance, plan) -> str:
     else:
         lines.append(f"local_batch_size = {p.micro_batch_size}  # torchtitan accumulates gradients over {m} steps")
     lines += [f"global_batch_size = {job.global_batch_size}", f"seq_len = {job.seq_length}", "", "[parallelism]"]
-    shard = p.zero_stage == 3
-    if p.zero_stage == 3:
-        notes = ["zero_stage 3: FSDP shards parameters, gradients and optimizer state over the data-parallel ranks."]
-    else:
-        notes = [f"zero_stage {p.zero_stage}: replicated data parallelism (DDP), the plan's gradient all-reduce."]
-        if p.zero_stage == 1:
-            # torchtitan has no optimizer-only sharding; replicating Adam state may not fit where the plan did
-            extra = max(s.memory.optimizer_gib * (p.dp * p.cp - 1) for s in e.stages)
-            over = max(s.memory.total_gib + s.memory.optimizer_gib * (p.dp * p.cp - 1) - s.memory.limit_gib
-                       for s in e.stages)
-            notes = [f"zero_stage 1: torchtitan has no optimizer-only sharding (Megatron's distributed optimizer); "
-                     f"replicated Adam state would add up to {extra:.1f} GiB per GPU"]
-            if over <= 0:
-                notes[0] += ", which still fits: replicated data parallelism (DDP)."
-            else:
-                shard = True
-                notes[0] += (f" and exceed the memory limit by {over:.1f} GiB, so FSDP instead (shards optimizer "
-                             "state and gradients too; parameters kept gathered between forward and backward).")
-        if not shard:
-            notes.append("Older torchtitan refuses replicate with tp/pp/cp ('DDP has not supported > 1D "
-                         f"parallelism'): there use data_parallel_shard_degree = {p.dp} instead.")
-    if p.cp > 1:
-        notes.append("With context_parallel_degree > 1 torchtitan shards parameters over the cp ranks as well "
-                     "(its FSDP mesh is dp_shard x cp).")
+    shard, notes = _sharding(p, e)
     lines += comment_lines(notes)
     lines += (["data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {p.dp}"] if shard else
               [f"data_parallel_replicate_degree = {p.dp}", "data_parallel_shard_degree = 1"])
@@ -93,3 +70,32 @@ def _model_parts(num_layers: int, p: Placement) -> list[str]:
                 names += ["norm", "output"]
             parts.append("[" + ", ".join(f'"{n}"' for n in names) + "]")
     return parts
+
+
+def _sharding(p: Placement, e) -> tuple[bool, list[str]]:
+    """Whether torchtitan shards (FSDP) or replicates (DDP) the data-parallel ranks, and why."""
+    shard = p.zero_stage == 3
+    if p.zero_stage == 3:
+        notes = ["zero_stage 3: FSDP shards parameters, gradients and optimizer state over the data-parallel ranks."]
+    else:
+        notes = [f"zero_stage {p.zero_stage}: replicated data parallelism (DDP), the plan's gradient all-reduce."]
+        if p.zero_stage == 1:
+            # torchtitan has no optimizer-only sharding; replicating Adam state may not fit where the plan did
+            extra = max(s.memory.optimizer_gib * (p.dp * p.cp - 1) for s in e.stages)
+            over = max(s.memory.total_gib + s.memory.optimizer_gib * (p.dp * p.cp - 1) - s.memory.limit_gib
+                       for s in e.stages)
+            notes = [f"zero_stage 1: torchtitan has no optimizer-only sharding (Megatron's distributed optimizer); "
+                     f"replicated Adam state would add up to {extra:.1f} GiB per GPU"]
+            if over <= 0:
+                notes[0] += ", which still fits: replicated data parallelism (DDP)."
+            else:
+                shard = True
+                notes[0] += (f" and exceed the memory limit by {over:.1f} GiB, so FSDP instead (shards optimizer "
+                             "state and gradients too; parameters kept gathered between forward and backward).")
+        if not shard:
+            notes.append("Older torchtitan refuses replicate with tp/pp/cp ('DDP has not supported > 1D "
+                         f"parallelism'): there use data_parallel_shard_degree = {p.dp} instead.")
+    if p.cp > 1:
+        notes.append("With context_parallel_degree > 1 torchtitan shards parameters over the cp ranks as well "
+                     "(its FSDP mesh is dp_shard x cp).")
+    return shard, notes
