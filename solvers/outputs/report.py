@@ -19,10 +19,19 @@ def comment_lines(notes: list[str], prefix: str = "") -> list[str]:
                                        break_on_hyphens=False)]
 
 
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """Right-aligned columns that fold rather than cut: a narrow terminal wraps a number, never hides it."""
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(escape(name), justify="left" if name in ("GPU", "part") else "right", overflow="fold",
+                         min_width=max(len(word) for word in name.split()))
+    return table
+
+
 def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head = Table(title=f"{instance.name}: {instance.model.name} on {p.world_size} GPUs", show_header=False)
-    head.add_column(style="bold")
-    head.add_column()
+    head.add_column(style="bold", overflow="fold")
+    head.add_column(overflow="fold")
     head.add_row("configuration", p.summary())
     head.add_row("micro-batches per iteration", str(e.num_micro_batches))
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s")
@@ -31,26 +40,25 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head.add_row("MFU", f"{100 * e.mfu:.1f} %")
     head.add_row("peak memory", f"{e.peak_memory_gib:.1f} GiB ({'fits' if e.fits else 'DOES NOT FIT'})")
 
-    crit = Table(title=f"critical path (slowest stage: {e.critical_stage})")
-    crit.add_column("part")
-    crit.add_column(escape("time [s]"), justify="right")
-    crit.add_column("share", justify="right")
+    crit = _table(f"critical path (slowest stage: {e.critical_stage})", ("part", "time [s]", "share"))
     for key, value in e.breakdown.items():
-        crit.add_row(key.removesuffix("_s"), f"{value:.3f}", f"{100 * value / e.iteration_time_s:.1f} %")
+        part = key.removesuffix("_s") + (" (exposed)" if key.startswith("dp_comm") else "")
+        crit.add_row(part, f"{value:.3f}", f"{100 * value / e.iteration_time_s:.1f} %")
     crit.add_row("total", f"{sum(e.breakdown.values()):.3f}", "100.0 %", style="bold")
 
-    mem = Table(title="per stage: time per micro-batch and memory per GPU [GiB]")
-    for col in ("stage", "layers", "GPU", "fwd [ms]", "bwd [ms]", "dp sync [ms]", "weights", "grads", "optim",
-                "activ.", "buffers", "overhead", "total", "limit"):
-        mem.add_column(escape(col), justify="right")
+    times = _table("per stage: time per micro-batch", ("stage", "layers", "GPU", "fwd [ms]", "bwd [ms]",
+                                                         "dp sync, whole [ms]"))
+    mem = _table("per stage: memory per GPU [GiB] (runtime: CUDA context, NCCL, allocator)",
+                 ("stage", "weights", "grads", "optim", "activ.", "buffers", "runtime", "total", "limit"))
     for s in e.stages:
         m = s.memory
-        mem.add_row(str(s.stage), str(s.layers), s.gpu_type, f"{1e3 * s.forward_s:.1f}", f"{1e3 * s.backward_s:.1f}",
-                    f"{1e3 * s.dp_sync_s:.1f}", f"{m.weights_gib:.1f}", f"{m.gradients_gib:.1f}",
-                    f"{m.optimizer_gib:.1f}", f"{m.activations_gib:.1f}", f"{m.buffers_gib:.1f}",
-                    f"{m.overhead_gib:.1f}", f"{m.total_gib:.1f}", f"{m.limit_gib:.1f}",
-                    style=None if m.fits else "bold red")
-    return [head, crit, mem]
+        style = None if m.fits else "bold red"
+        times.add_row(str(s.stage), str(s.layers), s.gpu_type, f"{1e3 * s.forward_s:.1f}",
+                      f"{1e3 * s.backward_s:.1f}", f"{1e3 * s.dp_sync_s:.1f}", style=style)
+        mem.add_row(str(s.stage), f"{m.weights_gib:.1f}", f"{m.gradients_gib:.1f}", f"{m.optimizer_gib:.1f}",
+                    f"{m.activations_gib:.1f}", f"{m.buffers_gib:.1f}", f"{m.overhead_gib:.1f}",
+                    f"{m.total_gib:.1f}", f"{m.limit_gib:.1f}", style=style)
+    return [head, crit, times, mem]
 
 
 def gpu_grid_table(instance, p: Placement) -> Table:
@@ -65,9 +73,9 @@ def gpu_grid_table(instance, p: Placement) -> Table:
         coord[gpu] = f"s{pp_i} d{dp_i}" + (f" c{cp_i}" if p.cp > 1 else "") + (f" t{tp_i}" if p.tp > 1 else "")
     width = max(n.num_gpus for n in cluster.nodes)
     table = Table(title="GPU map: stage s, data-parallel replica d, context c, tensor t")
-    table.add_column("node")
+    table.add_column("node", no_wrap=True, min_width=max(len(n.name) for n in cluster.nodes))
     for g in range(width):
-        table.add_column(f"gpu{g}")
+        table.add_column(f"gpu{g}", overflow="fold")
     for i, node in enumerate(cluster.nodes):
         start = int(cluster.node_offset[i])
         table.add_row(node.name, *[coord.get(start + g, "-") for g in range(node.num_gpus)])
@@ -84,7 +92,7 @@ def islands_table(islands: list[dict]) -> Table:
     """Mixed clusters: what each island of identical GPUs hosts, and why any of its GPUs stay idle."""
     table = Table(title="islands (identical GPU type and links)")
     for col in ("island", "GPUs", "stages", "layers", "idle", "why idle"):
-        table.add_column(col, justify="right" if col in ("GPUs", "layers", "idle") else "left")
+        table.add_column(col, justify="right" if col in ("GPUs", "layers", "idle") else "left", overflow="fold")
     for r in islands:
         stages = r["stages"]
         span = "none" if not stages else (f"{stages[0]}" if len(stages) == 1 else f"{stages[0]}-{stages[-1]}")
