@@ -18,6 +18,7 @@ from formulation.errors import (
 )
 from formulation.inputs.job import TrainingJob, load_training_section
 from formulation.inputs.model import Model, load_model_section
+from formulation.inputs.plausibility import plausibility_warnings
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +29,7 @@ class Instance:
     training: TrainingJob
     cluster: Cluster
     source: str = "<memory>"
+    warnings: tuple[str, ...] = ()  # plausibility warnings (likely unit mistakes); the CLI prints them
 
 
 def read_document(path: str | Path) -> dict:
@@ -103,7 +105,7 @@ def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None
     cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack, base_dir)
     sec.done()
     return Instance(name=name, description=description, model=model, training=training, cluster=cluster,
-                    source=file)
+                    source=file, warnings=tuple(plausibility_warnings(data, file)))
 
 
 def load_instance(path: str | Path) -> Instance:

@@ -108,6 +108,8 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
     try:
         instance = load_instance(args.instance)
+        for warning in instance.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.
         console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
         if args.evaluate:
