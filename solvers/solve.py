@@ -119,6 +119,9 @@ def _search_note(instance, found, method: str, backend: str, exact: bool, tracta
         method = f"exact-{backend}"
         note = (f"{found.examined} configurations solved exactly or tried, {found.pruned} pruned by bound, "
                 f"{found.infeasible} do not fit")
+        if found.examined == 0:
+            note = (f"the best default placement already meets the proven lower bound of every configuration: no "
+                    f"program needed; {found.pruned} pruned by bound, {found.infeasible} do not fit")
     elif method == "anneal":
         method = "anneal"
         note = (f"simulated annealing of the default placements of the {found.annealed} best of {found.candidates} "

@@ -30,6 +30,7 @@ from solvers import solve
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables
 from solvers.search.islands import UNITS
+from solvers.search.mixed import objective_value
 from solvers.search.uniform import MAX_EXACT_SIZE, NoPlanInTime
 from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
 
@@ -180,20 +181,27 @@ def _print_plan(instance, result, console) -> None:
 
 
 def _print_default_comparison(instance, result, console) -> None:
-    """The plan against the fastest Megatron-style default placement, and the share of the gain that the
-    GPU assignment alone brings (the plan's configuration and partition with ranks filled node by node)."""
+    """The plan against the best Megatron-style default placement, in the objective's own unit, and (for time)
+    the share of the gain that the GPU assignment alone brings (the plan's configuration and partition with
+    ranks filled node by node)."""
     if not result.default:
         return
-    default_s = result.default[1].iteration_time_s
-    plan_s = result.estimate.iteration_time_s
-    filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
-    filled_s = evaluate(instance, filled, check=False).iteration_time_s
-    gain = default_s - plan_s
-    share = f"; the GPU assignment alone brings {100 * (filled_s - plan_s) / gain:.0f} % of it" if gain > 0 else ""
+    objective = result.solver.objective
+    default_v = objective_value(instance, objective, *result.default)
+    plan_v = objective_value(instance, objective, result.placement, result.estimate)
+    unit = {"time": "s", "cost": "per million tokens", "gpus": "GPUs"}[objective]
+    text = f"Megatron-style default (best over configurations): {default_v:.4f} {unit}; this plan {plan_v:.4f} {unit}"
+    if default_v <= plan_v * 1.001:
+        console.print(f"{text}: no better than the default (within 0.1 %)")
+        return
+    share = ""
     if result.solver.islands:  # mixed types: the map and the split go together (stages sit on islands)
         share = "; stages composed on islands of identical GPUs, layers sized by each type's speed and memory"
-    console.print(f"Megatron-style default (best over configurations): {default_s:.4f} s; this plan "
-                  f"{plan_s:.4f} s, {default_s / plan_s:.3f}x{share}")
+    elif objective == "time":
+        filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
+        filled_s = evaluate(instance, filled, check=False).iteration_time_s
+        share = f"; the GPU assignment alone brings {100 * (filled_s - plan_v) / (default_v - plan_v):.0f} % of it"
+    console.print(f"{text}, {default_v / plan_v:.3f}x better{share}")
 
 
 class _Evaluated:
