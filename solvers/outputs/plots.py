@@ -11,6 +11,7 @@ from solvers.outputs.files import save_figure_atomic
 from solvers.outputs.schedule import Schedule, simulate_schedule
 
 FORWARD, BACKWARD, P2P, CRITICAL = "#4C72B0", "#DD8452", "#8172B3", "#C44E52"
+STEADY = "#8E9AAF"  # forwards and backwards alternating (1F1B), in the aggregated whole-iteration panel
 
 
 # ---- writing PNGs ------------------------------------------------------------------------------------------
@@ -69,6 +70,34 @@ def _draw_schedule(ax, sched: Schedule, pp: int, vpp: int, window: tuple[float, 
     ax.set_yticks(range(pp), [f"stage {i}" for i in range(pp)])
 
 
+def _draw_busy_bands(ax, sched: Schedule, pp: int) -> None:
+    """The whole iteration when single ops would be a barcode: per stage its warm-up (forwards only), steady
+    1F1B and cool-down (backwards only) phases as bands, idle gaps longer than 0.2 % of the iteration cut out
+    in white, and the stage's busy share at the right."""
+    from matplotlib.collections import PolyCollection
+    boxes, colors = [], []
+    for stage in range(pp):
+        ops = sorted((o for o in sched.ops if o.stage == stage), key=lambda o: o.start)
+        first_b = min(o.start for o in ops if o.kind == "B")
+        last_f = max(o.end for o in ops if o.kind == "F")
+        phases = [(ops[0].start, first_b, FORWARD), (first_b, last_f, STEADY), (last_f, ops[-1].end, BACKWARD)]
+        for a, b, color in phases:
+            boxes.append([(a, stage - 0.32), (b, stage - 0.32), (b, stage + 0.32), (a, stage + 0.32)])
+            colors.append(color)
+        busy = sum(o.end - o.start for o in ops)
+        for prev, nxt in zip(ops, ops[1:]):
+            if nxt.start - prev.end > 0.002 * sched.makespan_s:
+                a, b = prev.end, nxt.start
+                boxes.append([(a, stage - 0.33), (b, stage - 0.33), (b, stage + 0.33), (a, stage + 0.33)])
+                colors.append("white")
+        ax.text(1.002, stage, f"busy {100 * busy / sched.makespan_s:.1f} %", transform=ax.get_yaxis_transform(),
+                va="center", fontsize=8)
+    ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="none"))
+    ax.set_xlim(0, sched.makespan_s)
+    ax.set_ylim(pp - 0.5, -0.6)
+    ax.set_yticks(range(pp), [f"stage {i}" for i in range(pp)])
+
+
 def schedule_gantt(instance, placement, estimate, path) -> Path:
     """One iteration of the 1F1B (or interleaved) schedule: stages as rows, forward/backward/p2p coloured, the
     critical path as a red line (ops on it outlined in the zoomed panels)."""
@@ -83,7 +112,10 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
     fig = _figure(15, 3.2 + 0.45 * p.pp + (0.45 * p.pp + 2.0 if zoom else 0))
     grid = fig.add_gridspec(2 if zoom else 1, 2, height_ratios=[1, 1.3] if zoom else [1])
     overview = fig.add_subplot(grid[0, :])
-    _draw_schedule(overview, sched, p.pp, p.vpp, (0, sched.makespan_s), label=not zoom)
+    if zoom:  # single ops would be a barcode: phases and idle gaps per stage, the ops in the zoomed panels
+        _draw_busy_bands(overview, sched, p.pp)
+    else:
+        _draw_schedule(overview, sched, p.pp, p.vpp, (0, sched.makespan_s), label=True)
     overview.set_xlabel("time [s]")
     name = f"interleaved 1F1B, vpp={p.vpp}" if p.vpp > 1 else "1F1B"
     overview.set_title(f"{instance.name}: one iteration, {name}, {e.num_micro_batches} micro-batches, "
@@ -107,6 +139,8 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
                Line2D([], [], color=CRITICAL, label="critical path")]
     if p.vpp > 1:
         handles.append(Patch(color=_shade(FORWARD, 0, p.vpp), label="lighter = earlier model chunk"))
+    if zoom:
+        handles.append(Patch(color=STEADY, label="steady 1F1B (top: whole iteration; white: idle)"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
     return save_figure_atomic(fig, path)
 
@@ -142,7 +176,7 @@ def memory_bars(instance, placement, estimate, path) -> Path:
     ax.set_ylabel("memory per GPU [GiB]")
     ax.set_ylim(0, max(max(c for _, c in limits), bottom.max()) * 1.12)
     p = placement
-    ax.set_title(f"{instance.name}: memory per GPU by stage (tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp}, "
+    ax.set_title(f"{instance.name}: memory per GPU by stage\n(tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp}, "
                  f"mbs={p.micro_batch_size}, recompute={p.recompute}, zero={p.zero_stage}); "
                  f"{'fits' if estimate.fits else 'DOES NOT FIT'}", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()  # top component first, as stacked
@@ -272,7 +306,10 @@ def cluster_grid(instance, placement, path) -> Path:
         for r, c in ((a, b), (b, a)):
             bx.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="cyan", linewidth=1.8))
     bx.set_yticks(range(n), [""] * n)
-    bx.set_xticks(range(n), [node.name for node in cluster.nodes] if n <= 24 else [""] * n, rotation=90, fontsize=7)
+    step = max(1, -(-n // 48))  # every node up to 48, else every step-th: the labels stay legible
+    bx.set_xticks(range(0, n, step), [cluster.nodes[i].name for i in range(0, n, step)], rotation=90,
+                  fontsize=7 if n <= 24 else 5)
+    bx.set_xlabel("node" + (f" (every {step}th labelled)" if step > 1 else ""), fontsize=8)
     notes = [f"{cluster.nodes[a].name}-{cluster.nodes[b].name} {value:.0f} vs {expected:.0f}" for a, b, value, expected
              in pairs[:6]]
     bx.set_title("node-pair bandwidth; cyan = slow pair" + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
