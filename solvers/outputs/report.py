@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import csv
+import functools
 import textwrap
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
+from formulation.inputs.cluster import gpu_catalog
 from formulation.placement import Placement
 
 
@@ -17,6 +21,42 @@ def comment_lines(notes: list[str], prefix: str = "") -> list[str]:
     return [line for note in notes
             for line in textwrap.wrap(note, 110, initial_indent="# " + prefix, subsequent_indent="#   ",
                                        break_on_hyphens=False)]
+
+
+@functools.cache
+def _published_mfu() -> dict[tuple[str, str], tuple[float, str]]:
+    """The highest MFU published per (catalog GPU type, precision) in the packaged reference runs."""
+    best: dict[tuple[str, str], tuple[float, str]] = {}
+    for name in ("published_runs.csv", "published_runs_torchtitan.csv"):
+        with (REFERENCE_DIR / name).open(newline="") as handle:
+            for row in csv.DictReader(handle):
+                try:
+                    mfu = float(row["mfu"])
+                except (KeyError, ValueError):
+                    continue
+                key = (row["gpu_type"], row["precision"] or "bf16")
+                if mfu > best.get(key, (0.0, ""))[0]:
+                    best[key] = (mfu, row["source"].split(" (")[0])
+    return best
+
+
+def _mfu_note(instance, e: Estimate) -> str:
+    """A prediction above every published run of its GPU type is more likely the model's optimism than a record."""
+    catalog = gpu_catalog()
+    published = []
+    for stage in e.stages:
+        gpu = instance.cluster.gpu_types[stage.gpu_type]
+        names = [n for n, c in catalog.items() if c.get("peak_tflops") == gpu.peak_tflops
+                 and c.get("memory_gib") == gpu.memory_gib]
+        published += [_published_mfu()[(n, instance.training.precision)] for n in names
+                      if (n, instance.training.precision) in _published_mfu()]
+    if not published:
+        return ""
+    ceiling, source = max(published)
+    if e.mfu <= ceiling:
+        return ""
+    return (f" (above the highest MFU published for this GPU type and precision, {100 * ceiling:.1f} % in "
+            f"{source}: treat as optimistic)")
 
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
@@ -37,7 +77,7 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s")
     head.add_row("throughput", f"{e.tokens_per_s:,.0f} tokens/s")
     head.add_row("model TFLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} (Megatron-LM FLOP count)")
-    head.add_row("MFU", f"{100 * e.mfu:.1f} %")
+    head.add_row("MFU", f"{100 * e.mfu:.1f} %" + _mfu_note(instance, e))
     head.add_row("peak memory", f"{e.peak_memory_gib:.1f} GiB ({'fits' if e.fits else 'DOES NOT FIT'})")
 
     crit = _table(f"critical path (slowest stage: {e.critical_stage})", ("part", "time [s]", "share"))
