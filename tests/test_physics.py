@@ -9,12 +9,13 @@ import copy
 import pytest
 
 from conftest import build_instance, small_instance_dict
-from formulation import cost, evaluate, instance_from_dict
-from formulation.cost import GroupLinks, collective_time
-from formulation.memory import GIB
+from formulation import evaluate, instance_from_dict
+from formulation.physics import cost
+from formulation.physics.cost import GroupLinks, collective_time
+from formulation.physics.memory import GIB
 from formulation.placement import Placement, even_split
 from solvers import backends, solve
-from solvers.runs import REFERENCE_DIR, load_runs
+from solvers.validation.runs import REFERENCE_DIR, load_runs
 from test_exact import TIME_LIMIT_S, brute_force, programs_match_evaluator, small_instance
 
 TORCHTITAN_RUNS = REFERENCE_DIR / "published_runs_torchtitan.csv"
