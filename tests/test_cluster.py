@@ -134,15 +134,6 @@ def test_different_gpu_counts_are_not_interchangeable():
 M = 1e9
 
 
-@pytest.fixture(autouse=True)
-def links_as_bus_bandwidth(request):
-    """The hand computations read the link figures as NCCL bus bandwidth; the share of a nominal figure NCCL
-    reaches (`collective_efficiency`) is tested against nccl-tests figures in test_physics.py."""
-    cost.PHYSICS_TERMS["collective_efficiency"] = False
-    yield
-    cost.PHYSICS_TERMS["collective_efficiency"] = True
-
-
 def links(c, names):
     return cost.group_links(c, [gpu(c, x) for x in names])
 
