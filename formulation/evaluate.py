@@ -11,6 +11,7 @@ import numpy as np
 
 from formulation.physics import cost
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
+from formulation.intervals import prediction_interval
 from formulation.placement import Placement, check_placement
 from formulation.physics.stage import dp_sync as stage_dp_sync
 from formulation.physics.stage import iteration_time, layer_time, stage_constants, stage_passes
@@ -71,7 +72,14 @@ class Estimate:
                 "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu, "breakdown": dict(self.breakdown),
                 "num_micro_batches": self.num_micro_batches, "critical_stage": self.critical_stage,
                 "p2p_boundary_s": list(self.p2p_boundary_s),
-                "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages}
+                "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages,
+                "iteration_time_interval_s": self.iteration_time_interval_s}
+
+    @property
+    def iteration_time_interval_s(self) -> list[float] | None:
+        """p10-p90 of what such a run measures, from the cross-source residuals (formulation/intervals.py)."""
+        interval = prediction_interval(self.iteration_time_s)
+        return list(interval) if interval else None
 
 
 def _slowest_type(cluster, gpus: np.ndarray, model, job, p):
