@@ -61,20 +61,26 @@ def oneway_instance(seed: int, wide: bool = False) -> tuple[dict, bool]:
         net["node_matrix_gb_per_s"] = matrix
         net["nodes"] = [{"node": n, "intra_node_gb_per_s": rng.choice([80.0, 300.0])} for n in names]
     hidden = rng.choice([512, 1024, 2048])
+    training = {"global_batch_size": 6, "seq_length": rng.choice([1024, 4096]), "recompute": ["none"],
+                "zero_stage": [3], "max_micro_batch_size": 1, "context_parallel_sizes": [1],
+                "virtual_pipeline_sizes": [1]}
+    if not wide:
+        training.update(global_batch_size=rng.choice([4, 6, 8]), recompute=rng.sample(["none", "full"], 2),
+                        zero_stage=rng.sample([0, 1], 1) + [3], max_micro_batch_size=2,
+                        context_parallel_sizes=[1, 2], virtual_pipeline_sizes=[1, 2])
     data = {
         "name": f"oneway{seed}",
-        "model": {"num_hidden_layers": rng.choice([3, 4, 6]), "hidden_size": hidden, "intermediate_size": 3 * hidden,
-                  "num_attention_heads": 8, "num_key_value_heads": rng.choice([2, 8]), "vocab_size": 4096},
-        "training": {"global_batch_size": rng.choice([4, 6, 8]) if not wide else 6, "seq_length": rng.choice([1024, 4096]),
-                     "recompute": rng.sample(["none", "full"], 1 if wide else 2),
-                     "zero_stage": [3] if wide else rng.sample([0, 1], 1) + [3], "max_micro_batch_size": 1 if wide else 2,
-                     "context_parallel_sizes": [1] if wide else [1, 2], "virtual_pipeline_sizes": [1] if wide else [1, 2]},
+        "model": {"num_hidden_layers": rng.choice([3, 4, 6]), "hidden_size": hidden,
+                  "intermediate_size": 3 * hidden, "num_attention_heads": 8,
+                  "num_key_value_heads": rng.choice([2, 8]), "vocab_size": 4096},
+        "training": training,
         "cluster": {"gpu_types": {"h100-sxm-80gb": {}},
                     "nodes": [{"name": n, "gpu_type": "h100-sxm-80gb", "gpus": g} for n, g in zip(names, shape)],
                     "network": net},
     }
     if seed % 3 == 0:  # tight memory: some partitions and configurations do not fit
-        data["cluster"]["gpu_types"] = {"h100-sxm-80gb": {"memory_gib": 4.5 + hidden / 512, "runtime_overhead_gib": 1.0}}
+        data["cluster"]["gpu_types"] = {"h100-sxm-80gb": {"memory_gib": 4.5 + hidden / 512,
+                                                          "runtime_overhead_gib": 1.0}}
     return data, not wide
 
 
