@@ -2,7 +2,7 @@
 nodes, with every backend (one parametrized class; a backend is skipped only where it is not installed).
 
 Instances: up to 4 GPUs on 1-3 nodes of uneven size with a one-way GPU matrix (every GPU its own class:
-the brute force tries every rank-to-GPU permutation), or 5-6 GPUs on 2-3 uneven nodes with one intra-node
+the brute force tries every rank-to-GPU permutation), or 6 GPUs on 2-3 uneven nodes with one intra-node
 figure per node and a one-way node matrix (node-level maps: which node each rank runs on). zero_stage 3
 always among the choices. The brute force scores every configuration, partition and map with `evaluate()`.
 """
@@ -29,7 +29,7 @@ AVAILABLE = backends.available()
 BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
             for name, ok in AVAILABLE.items()]
 SMALL_SHAPES = [(4,), (3, 1), (2, 2), (2, 1, 1), (1, 1, 1), (2, 1)]
-WIDE_SHAPES = [(3, 2), (2, 3), (3, 3), (2, 2, 1), (3, 1, 2)]
+WIDE_SHAPES = [(4, 2), (2, 4), (3, 2, 1), (2, 1, 3), (3, 3)]
 
 
 def one_way(rng: random.Random, low: float, high: float) -> tuple[float, float]:
@@ -61,7 +61,7 @@ def oneway_instance(seed: int, wide: bool = False) -> tuple[dict, bool]:
         net["node_matrix_gb_per_s"] = matrix
         net["nodes"] = [{"node": n, "intra_node_gb_per_s": rng.choice([80.0, 300.0])} for n in names]
     hidden = rng.choice([512, 1024, 2048])
-    training = {"global_batch_size": 6, "seq_length": rng.choice([1024, 4096]), "recompute": ["none"],
+    training = {"global_batch_size": 12, "seq_length": rng.choice([1024, 4096]), "recompute": ["none"],
                 "zero_stage": [3], "max_micro_batch_size": 1, "context_parallel_sizes": [1],
                 "virtual_pipeline_sizes": [1]}
     if not wide:

@@ -38,7 +38,7 @@ def available() -> bool:
     try:
         import pulp
         path = cbc_path()
-        return path is not None and pulp.COIN_CMD(path=path, msg=False).available()
+        return path is not None and bool(pulp.COIN_CMD(path=path, msg=False).available())
     except Exception:  # pragma: no cover - a broken install is "unavailable"
         return False
 
