@@ -70,3 +70,30 @@ def test_cbc_backend_uses_no_deprecated_pulp_api():
         warnings.simplefilter("error", DeprecationWarning)
         assert cbc.available()
         assert cbc.solve(market_split(rows=1, cols=4), time_limit_s=30).status == "optimal"
+
+
+@pytest.mark.skipif(not AVAILABLE["cpsat"], reason="cpsat not installed")
+def test_search_refuses_an_optimum_the_evaluator_does_not_confirm(monkeypatch):
+    """A backend whose objective is not the evaluator's score of its answer proves nothing: the search keeps
+    the plan but not the proof (this is how one-way links once produced a false "optimal")."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from formulation import load_instance
+    from solvers import solve
+    from solvers.backends import cpsat
+
+    real = cpsat.solve
+
+    def mispriced(program, **kwargs):
+        out = real(program, **kwargs)
+        if out.status != "optimal":
+            return out
+        return replace(out, objective_s=out.objective_s * 0.9, bound_s=out.bound_s * 0.9)
+
+    monkeypatch.setattr(cpsat, "solve", mispriced)
+    instance = load_instance(Path(__file__).resolve().parent / "repro" / "false_proof_asym_1x4.json")
+    result = solve(instance, solver="cpsat")
+    assert result.solver.status != "optimal"
+    assert result.solver.bound_s < result.estimate.iteration_time_s * (1 - 1e-6)
+    assert result.estimate.fits
