@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from formulation.mip import Program
+from formulation.programs.mip import Program
 from solvers import backends
 from solvers.backends import cbc
 

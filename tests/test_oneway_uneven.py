@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from test_bounds import brute_force_optimum
 
 from formulation import InputError, default_placement, evaluate, instance_from_dict
-from formulation.program import build_program
+from formulation.programs.exact import build_program
 from formulation.space import configurations
 from solvers import backends, solve
-from solvers.bounds import cut_bound, fast_bound
+from solvers.bounds.configs import cut_bound, fast_bound
 
 AVAILABLE = backends.available()
 BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
@@ -35,7 +35,7 @@ WIDE_SHAPES = [(4, 2), (2, 4), (3, 2, 1), (2, 1, 3), (3, 3)]
 def one_way(rng: random.Random, low: float, high: float) -> tuple[float, float]:
     """A pair's two directions: equal, or (often) one of them slower. Not below low / 2: CP-SAT's integer time
     scale follows the slowest link, and a 600-to-1 range leaves its objective a few 1e-6 off the evaluator
-    (the search then refuses the proof, see solvers/search.py)."""
+    (the search then refuses the proof, see solvers/search/uniform.py)."""
     fast = round(rng.uniform(low, high), 1)
     return (fast, fast) if rng.random() < 0.3 else (fast, round(rng.uniform(low / 2, fast), 1))
 

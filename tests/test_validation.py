@@ -1,12 +1,12 @@
-"""Accuracy against published measurements. The bounds are the figures reached at calibration time (README,
+"""Accuracy against published measurements. The bounds are the figures reached at calibration time (docs/validation.md,
 Validation) with a small margin, so a regression in the cost or memory model fails here."""
 
 from pathlib import Path
 
 import pytest
 
-from solvers.runs import DEFAULT_MEMORY, DEFAULT_RUNS, load_runs
-from solvers.validate import validate_memory, validate_runs
+from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, load_runs
+from solvers.validation.validate import validate_memory, validate_runs
 
 pytestmark = pytest.mark.skipif(not DEFAULT_RUNS.is_file(), reason="../shared/reference not present")
 

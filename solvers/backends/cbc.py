@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 
-from . import BackendResult
+from solvers.backends import BackendResult
 
 # CBC stops when the incumbent is within these of its bound; the program's objective is in microseconds times
 # the schedule's divisor, so an absolute allowance of 0 and a relative one of 1e-9 prove the optimum itself.
