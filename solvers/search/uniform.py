@@ -10,7 +10,7 @@ smallest lower bound of anything not proven, so the gap is honest at any moment,
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from formulation.errors import InfeasibleError
 from formulation.evaluate import Estimate, evaluate
@@ -246,6 +246,10 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
         if out.values is not None:
             placement = program.decode(out.values)
             est = evaluate(instance, placement)
+            if out.status == "optimal" and abs(est.iteration_time_s - out.objective_s) > 1e-6 * est.iteration_time_s:
+                # the program did not price its answer as the referee does (to 1e-6): its optimum proves nothing
+                out = replace(out, status="error", message=f"program objective {out.objective_s:.9g} s, evaluator "
+                                                           f"{est.iteration_time_s:.9g} s: not a proof")
             if est.fits and (cand.default_s is None or est.iteration_time_s <= cand.default_s):
                 cand.placement, cand.estimate = placement, est
                 _improved(result, cand.estimate.iteration_time_s)
