@@ -140,7 +140,8 @@ def solve(instance, solver: str = "auto", time_limit: float | None = None, threa
         note = (f"{instance.cluster.num_gpus} GPUs x {len(instance.cluster.uniform_classes())} GPU classes exceeds "
                 f"the exact program's reach ({MAX_EXACT_SIZE}): default GPU maps with exactly optimised layer "
                 f"partitions for the {found.examined} most promising of {found.candidates} configurations that "
-                f"fit, annealed placements ({moves_text}) for the {found.annealed} best, and the global "
+                f"fit, {found.annealed} annealed placements ({moves_text}; {found.gap_annealed} of them "
+                f"of configurations whose bound beats the incumbent, in bound order), and the global "
                 f"lower bound of all of them")
     if found.stopped == "interrupted":
         note += "; interrupted (Ctrl-C): the best plan so far, the bound proven so far"

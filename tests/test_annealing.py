@@ -18,7 +18,8 @@ from conftest import H100_128, build_instance, small_instance_dict
 from formulation import InfeasibleError, evaluate, load_instance
 from formulation.placement import check_placement
 from formulation.space import Config, configurations, placement_for
-from solvers.annealing import _Moves, anneal, start_scorer
+from solvers.annealing import anneal, start_scorer
+from solvers.moves import Moves
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def walk(instance, config: Config, steps: int, seed: int = 0, check_every: int =
     does (None exactly when it does not fit). Returns the number of proposals checked."""
     rng = np.random.default_rng(seed)
     sc = start_scorer(instance, config)
-    moves = _Moves(sc, rng)
+    moves = Moves(sc, rng)
     checked = 0
     for step in range(steps):
         out = moves.propose()
@@ -273,7 +274,7 @@ def per_move_cost(instance, config: Config, moves: int = 2000, evals: int = 5) -
     """(seconds per scored move on a random walk accepting 30% of proposals, seconds per evaluate() of a
     placement of that walk, cold: any cluster-level memo of group links is emptied first)."""
     sc = start_scorer(instance, config)
-    gen, rng = _Moves(sc, np.random.default_rng(0)), np.random.default_rng(1)
+    gen, rng = Moves(sc, np.random.default_rng(0)), np.random.default_rng(1)
     done, start, seen = 0, time.perf_counter(), []
     while done < moves:
         out = gen.propose()
