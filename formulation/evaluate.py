@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import cost
-from .memory import StageMemory, memory_coefficients, stage_memory
-from .placement import Placement, check_placement
-from .stage import dp_sync as stage_dp_sync
-from .stage import iteration_time, layer_time, stage_constants, stage_passes
+from formulation.physics import cost
+from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
+from formulation.placement import Placement, check_placement
+from formulation.physics.stage import dp_sync as stage_dp_sync
+from formulation.physics.stage import iteration_time, layer_time, stage_constants, stage_passes
 
 
 @dataclass(frozen=True)

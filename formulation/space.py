@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from .memory import memory_coefficients, stage_memory
-from .placement import Placement
+from formulation.physics.memory import memory_coefficients, stage_memory
+from formulation.placement import Placement
 
 
 @dataclass(frozen=True, order=True)

@@ -7,10 +7,10 @@ H100: ~450 GB/s NVLink per direction, NDR 400G InfiniBand ~48 GB/s per NIC) with
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 from pathlib import Path
+
+from solvers.outputs.files import write_json_atomic
 
 HERE = Path(__file__).resolve().parent
 
@@ -190,7 +190,7 @@ def _mixed(name: str, description: str, model: str, training: dict, pods: list[t
 
 
 def a100_h100_64() -> dict:
-    """4 DGX H100 + 4 DGX A100-80GB nodes: the two-purchase cluster of issue 7."""
+    """4 DGX H100 + 4 DGX A100-80GB nodes: two purchases of different GPU generations."""
     return _mixed(
         "a100_h100_64",
         "Llama-3 70B, sequence 4096, global batch 256 sequences (1M tokens per step) on 4 DGX H100 nodes and 4 "
@@ -224,12 +224,7 @@ BUILDERS = {"small_4x2": lambda: small_matrix(4, 2), "small_2x4": lambda: small_
 
 
 def write(name: str, data: dict, out_dir: Path) -> Path:
-    """Write atomically (temporary file + rename) so a reader never sees half a file."""
-    path = out_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(out_dir / f"{name}.json", data, indent=1)
 
 
 def main(argv=None) -> None:

@@ -1,4 +1,4 @@
-"""Simulated annealing (solvers/annealing.py) and its incremental scorer (solvers/fast_score.py).
+"""Simulated annealing (solvers/local/annealing.py) and its incremental scorer (solvers/local/fast_score.py).
 
 The scorer must equal evaluate() on every proposal, accepted or not; annealing must be deterministic per seed,
 never return a placement that does not fit, never beat brute force (it is a heuristic) and usually match it.
@@ -18,8 +18,8 @@ from conftest import H100_128, build_instance, small_instance_dict
 from formulation import InfeasibleError, evaluate, load_instance
 from formulation.placement import check_placement
 from formulation.space import Config, configurations, placement_for
-from solvers.annealing import anneal, start_scorer
-from solvers.moves import Moves
+from solvers.local.annealing import anneal, start_scorer
+from solvers.local.moves import Moves
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +332,7 @@ if __name__ == "__main__":
 def test_relocation_gathers_weak_nodes_on_a_light_stage(monkeypatch):
     """Two slow-NIC nodes in two stages: the slowest stage's dp sync counts, so moving either alone gains less
     than moving both onto the lightest stage, which the gathering step does (and never makes it worse)."""
-    from solvers import relocate
+    from solvers.local import relocate
 
     data = small_instance_dict(6, 2, global_batch_size=32, seq_length=4096)
     data["cluster"]["network"]["nodes"] = [{"node": "n1", "inter_node_gb_per_s": 6.0},

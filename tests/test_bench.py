@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from solvers.bench import _write, run_bench
+from solvers.validation.bench import _write, run_bench
 
 
 def test_bench_on_a_small_instance_writes_its_files_and_never_beats_the_optimum(tmp_path):

@@ -16,8 +16,8 @@ import pytest
 from formulation import InfeasibleError, InputError, evaluate, instance_from_dict
 from formulation.placement import Placement, check_placement
 from solvers import backends, solve
-from solvers.search import lower_bound
-from formulation.program import build_program
+from solvers.search.uniform import lower_bound
+from formulation.programs.exact import build_program
 from formulation.space import configurations
 
 AVAILABLE = backends.available()

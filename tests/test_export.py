@@ -14,9 +14,9 @@ import pytest
 
 from conftest import H100_128, build_instance, run_solve, small_instance_dict
 from formulation import default_placement, evaluate
-from solvers.export import (export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout,
+from solvers.outputs.export import (export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout,
                             torchtitan_toml)
-from solvers.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups, slurm_launch,
+from solvers.outputs.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups, slurm_launch,
                             torchrun_launch)
 
 SPLIT_FLAGS = {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",

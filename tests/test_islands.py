@@ -14,11 +14,11 @@ import random
 import pytest
 
 from formulation import evaluate, instance_from_dict
-from formulation.composition import build_composition, island_tables
-from formulation.islands import find_islands, island_slots
+from formulation.programs.composition import build_composition, island_tables
+from formulation.programs.islands import find_islands, island_slots
 from formulation.space import placement_for
 from solvers import backends, solve
-from solvers.compose import compose_search, configurations, objective_value
+from solvers.search.mixed import compose_search, configurations, objective_value
 
 from conftest import REPO
 
@@ -218,7 +218,7 @@ def test_no_type_can_hold_the_model_says_which_stage_needs_what(tmp_path):
 
 def test_layer_capacity_is_the_most_layers_that_fit():
     """The capacity read off memory's affine line equals a scan of the memory model, on both GPU types."""
-    from formulation.memory import stage_memory
+    from formulation.physics.memory import stage_memory
     from formulation.space import layer_capacity
 
     for seed in (0, 3, 4):

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from conftest import H100_128, TESTS, build_instance, run_solve, small_instance_dict
 from formulation import InputError, load_instance
-from formulation.cluster import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES
-from formulation.model import read_json_file
+from formulation.inputs.cluster import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES
+from formulation.inputs.model import read_json_file
 from formulation.placement import load_placement
-from solvers.cli import main as cli_main
+from solvers.outputs.cli import main as cli_main
 
 MALFORMED = TESTS / "malformed"
 PLACEMENTS = MALFORMED / "placements"
@@ -69,7 +69,7 @@ MAX_LINE = 1000  # an error line repeats at most a clipped value (formulation.er
 
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess:
-    """`solve ARGS` in this process: `solvers.cli.main`, as the console script calls it. All of the CLI but the
+    """`solve ARGS` in this process: `solvers.outputs.cli.main`, as the console script calls it. All of the CLI but the
     interpreter start, which would be most of the time of 70 cases (a few run as real subprocesses below)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from solvers.runs import DEFAULT_MEMORY, DEFAULT_RUNS, load_runs
-from solvers.validate import validate_memory, validate_runs
+from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, load_runs
+from solvers.validation.validate import validate_memory, validate_runs
 
 pytestmark = pytest.mark.skipif(not DEFAULT_RUNS.is_file(), reason="../shared/reference not present")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from . import BackendResult
+from solvers.backends import BackendResult
 
 
 def available() -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 
-from . import BackendResult
+from solvers.backends import BackendResult
 
 MAX_SCALED_CONSTANT = 1e9
 # Stop once the incumbent is proven within this fraction of the bound (the exact program itself is

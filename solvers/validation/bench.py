@@ -1,0 +1,224 @@
+"""`solve bench`: the planners side by side on a list of instances and seeds.
+
+    solve bench [--instances A.json B.json ...] [--seeds 5] [--budget 10] [--out bench-results] [--quick]
+
+Per instance and method (the Megatron-style default; `auto` without a limit; CBC and CP-SAT (exact where the
+cluster is small enough, else their bound-only search); `auto` and simulated annealing each at the same
+wall-clock budget): best objective, proven lower bound, gap, wall time to the final plan, time to reach
+within 1 % of the best plan any method found on that instance, medians over the seeds. Writes bench.csv
+(one line per run), bench.json (runs and medians) and bench.png (gap and time to 1 % per instance), and
+prints the table. Timings are wall-clock on a shared machine: quote medians, compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from pathlib import Path
+
+# Shipped instances are looked up in ./instances first, then in the checkout this module runs from.
+INSTANCE_DIRS = [Path("instances"), Path(__file__).resolve().parents[2] / "instances"]
+DEFAULT_INSTANCES = ["small_2x4", "small_4x2", "measured_4", "measured_16", "measured_32", "measured_64", "h100_128",
+                     "h100_1024", "h100_16384"]
+QUICK_INSTANCES = ["small_4x2", "measured_16", "h100_128"]
+# Mixed GPU types: the composed plan against the best plan on the largest island alone and against
+# the type-blind Megatron default (even split over all GPUs, every stage at its slowest GPU's pace).
+MIXED_INSTANCES = ["a100_h100_64", "mixed_256"]
+MIXED_METHODS = ["default", "largest-island", "best-island", "auto", "cbc", "cpsat"]
+# Beyond this many GPUs the configuration sweep alone outlasts a budget of seconds: only the default and
+# `auto` without a limit run there.
+BUDGET_RUNS_MAX_GPUS = 2048
+
+
+def _run(instance, method: str, seed: int, budget: float) -> dict:
+    from solvers import solve
+    from solvers.search.baseline import best_default
+
+    started = time.perf_counter()
+    if method == "default":
+        found = best_default(instance)
+        best = found.best[0].estimate.iteration_time_s
+        return {"objective_s": best, "bound_s": None, "gap": None, "wall_s": time.perf_counter() - started,
+                "history": [(time.perf_counter() - started, best)], "status": "feasible", "reported": "default",
+                "tokens_per_s": found.best[0].estimate.tokens_per_s}
+    if method in ("largest-island", "best-island"):
+        from formulation.errors import InfeasibleError
+        from formulation.programs.islands import find_islands
+
+        from solvers.search.mixed import compose_search
+        islands = find_islands(instance.cluster)
+        if method == "largest-island":
+            islands = [max(islands, key=lambda i: (i.num_gpus, instance.cluster.gpu_types[i.gpu_type].peak_tflops))]
+        runs = []
+        for isl in islands:
+            try:
+                runs.append((compose_search(instance, islands=[isl]), isl))
+            except InfeasibleError:  # the model does not fit on this island alone
+                continue
+        found, isl = min(runs, key=lambda r: r[0].ranked[0].estimate.iteration_time_s)
+        best = found.ranked[0].estimate
+        return {"objective_s": best.iteration_time_s, "bound_s": found.bound,
+                "gap": (best.iteration_time_s - found.bound) / best.iteration_time_s,
+                "wall_s": time.perf_counter() - started, "history": [(time.perf_counter() - started,
+                                                                      best.iteration_time_s)],
+                "status": found.status, "reported": f"islands, {isl.describe(instance.cluster)} only",
+                "tokens_per_s": best.tokens_per_s}
+    kwargs = {"seed": seed}
+    if method.endswith("@budget"):
+        kwargs["time_limit"] = budget
+    solver = {"auto": "auto", "auto@budget": "auto", "anneal@budget": "anneal", "cbc": "cbc", "cpsat": "cpsat"}[method]
+    result = solve(instance, solver=solver, **kwargs)
+    s = result.solver
+    return {"objective_s": s.objective_s, "bound_s": s.bound_s, "gap": s.gap, "wall_s": s.wall_time_s,
+            "history": result.history, "status": s.status, "reported": s.method,
+            "tokens_per_s": result.estimate.tokens_per_s}
+
+
+def _time_to(history: list, target: float) -> float | None:
+    return next((t for t, value in history if value <= target), None)
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def run_bench(names: list[str], seeds: int, budget: float, methods: list[str], progress=None) -> dict:
+    from formulation import load_instance
+
+    runs = []
+    for name in names:
+        path = Path(name) if name.endswith((".json", ".yaml", ".yml")) else next(
+            (d / f"{name}.json" for d in INSTANCE_DIRS if (d / f"{name}.json").is_file()), INSTANCE_DIRS[0] / f"{name}.json")
+        instance = load_instance(path)
+        for method in methods:
+            if method.endswith("@budget") and instance.cluster.num_gpus > BUDGET_RUNS_MAX_GPUS:
+                continue
+            if method in ("cbc", "cpsat") and instance.cluster.num_gpus > BUDGET_RUNS_MAX_GPUS:
+                continue  # the same bound-only search as auto's, with another partition backend
+            for seed in range(1 if method in ("default", "cbc", "cpsat") else seeds):
+                if progress:
+                    progress(f"{instance.name}: {method}, seed {seed}")
+                runs.append({"instance": instance.name, "gpus": instance.cluster.num_gpus, "method": method,
+                             "seed": seed, **_run(instance, method, seed, budget)})
+    best = {}
+    for r in runs:
+        best[r["instance"]] = min(best.get(r["instance"], float("inf")), r["objective_s"])
+    for r in runs:
+        r["time_to_1pct_s"] = _time_to(r["history"], best[r["instance"]] * 1.01)
+        r["vs_best"] = r["objective_s"] / best[r["instance"]] - 1
+    summary = []
+    for name in dict.fromkeys(r["instance"] for r in runs):
+        for method in methods:
+            group = [r for r in runs if r["instance"] == name and r["method"] == method]
+            if not group:
+                continue
+            summary.append({
+                "instance": name, "gpus": group[0]["gpus"], "method": method, "runs": len(group),
+                "reported": group[0]["reported"], "objective_s": _median(r["objective_s"] for r in group),
+                "bound_s": _median(r["bound_s"] for r in group), "gap": _median(r["gap"] for r in group),
+                "vs_best": _median(r["vs_best"] for r in group), "wall_s": _median(r["wall_s"] for r in group),
+                "time_to_1pct_s": _median(r["time_to_1pct_s"] for r in group),
+                "tokens_per_s": _median(r.get("tokens_per_s") for r in group),
+                "optimal": sum(r["status"] == "optimal" for r in group)})
+    return {"budget_s": budget, "seeds": seeds, "runs": runs, "summary": summary}
+
+
+def _fmt(value, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def print_table(result: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"bench: medians over seeds; '@budget' = {result['budget_s']:g} s wall-clock limit")
+    for col in ("instance", "GPUs", "method", "reported as", "objective [s]", "tokens/s", "bound [s]", "gap",
+                "vs best", "wall [s]", "to 1 % [s]", "optimal"):
+        table.add_column(col, justify="left" if col in ("instance", "method", "reported as") else "right")
+    for s in result["summary"]:
+        table.add_row(s["instance"], f"{s['gpus']:,}", s["method"], s["reported"], f"{s['objective_s']:.4f}",
+                      _fmt(s["tokens_per_s"], "{:,.0f}"), _fmt(s["bound_s"], "{:.4f}"), _fmt(s["gap"] and 100 * s["gap"], "{:.2f} %"),
+                      f"{100 * s['vs_best']:+.2f} %", f"{s['wall_s']:.2f}", _fmt(s["time_to_1pct_s"], "{:.2f}"),
+                      f"{s['optimal']}/{s['runs']}")
+    console.print(table)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(s["instance"] for s in result["summary"]))
+    methods = list(dict.fromkeys(s["method"] for s in result["summary"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / max(1, len(methods))
+    for k, method in enumerate(methods):
+        rows = {s["instance"]: s for s in result["summary"] if s["method"] == method}
+        xs = [i + k * width for i, n in enumerate(names) if n in rows]
+        left.bar(xs, [100 * rows[n]["vs_best"] for n in names if n in rows], width, label=method)
+        right.bar(xs, [rows[n]["time_to_1pct_s"] or 0 for n in names if n in rows], width, label=method)
+    for ax, label in ((left, "objective above the best found [%]"), (right, "time to within 1 % of the best [s]")):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=20)
+        ax.set_ylabel(label)
+    right.set_yscale("symlog", linthresh=1)
+    left.legend(fontsize=8)
+    fig.suptitle(f"planner benchmark (medians; @budget = {result['budget_s']:g} s)")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _write(result: dict, out: Path) -> list[Path]:
+    from solvers.outputs.files import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    fields = ["instance", "gpus", "method", "seed", "reported", "status", "objective_s", "tokens_per_s", "bound_s", "gap",
+              "wall_s", "time_to_1pct_s", "vs_best"]
+    tmp = out / "bench.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(result["runs"])
+    tmp.replace(out / "bench.csv")
+    write_json_atomic(out / "bench.json", result)
+    plot(result, out / "bench.png")
+    return [out / "bench.csv", out / "bench.json", out / "bench.png"]
+
+
+def main(argv: list[str]) -> int:
+    from rich.console import Console
+
+    parser = argparse.ArgumentParser(prog="solve bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instances", nargs="+", default=None,
+                        help=f"instance names under instances/ or paths (default: {' '.join(DEFAULT_INSTANCES)})")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per randomised method (default 5)")
+    parser.add_argument("--budget", type=float, default=10.0, help="wall-clock budget of the @budget runs [s]")
+    parser.add_argument("--methods", nargs="+", default=["default", "auto", "cbc", "cpsat", "auto@budget",
+                                                         "anneal@budget"])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.csv/json/png go")
+    parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK_INSTANCES)}, 2 seeds, 5 s budget")
+    parser.add_argument("--mixed", action="store_true",
+                        help=f"mixed GPU types: {', '.join(MIXED_INSTANCES)} with {', '.join(MIXED_METHODS)} "
+                             f"(largest-island / best-island: the best plan on the largest island alone / on the "
+                             f"best single island; default: type-blind even split over all GPUs)")
+    args = parser.parse_args(argv)
+    if args.mixed:
+        args.instances = args.instances or MIXED_INSTANCES
+        args.methods = MIXED_METHODS if args.methods == parser.get_default("methods") else args.methods
+    if args.seeds < 1 or args.budget <= 0:
+        print("error: --seeds and --budget must be positive")
+        return 2
+    names = args.instances or (QUICK_INSTANCES if args.quick else DEFAULT_INSTANCES)
+    seeds, budget = (2, 5.0) if args.quick else (args.seeds, args.budget)
+    console = Console(stderr=True)
+    with console.status("bench") as status:
+        result = run_bench(names, seeds, budget, args.methods, progress=lambda text: status.update(text))
+    print_table(result, Console(width=200))
+    for path in _write(result, args.out):
+        console.print(f"wrote {path}")
+    return 0

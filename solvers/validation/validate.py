@@ -1,0 +1,255 @@
+"""`solve validate` (predicted vs measured runs and memory) and `solve calibrate` (fit efficiencies).
+
+    solve validate [--runs FILE.csv] [--memory FILE.csv] [--json] [--plot FILE.png]
+    solve calibrate [--runs FILE.csv] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from formulation.errors import InputError
+from formulation.evaluate import evaluate
+from formulation.inputs.instance import instance_from_dict
+from formulation.physics.memory import GIB
+from formulation.placement import Placement, even_split
+
+from solvers.validation.calibrate import EXCLUDED, chip_of
+from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs
+
+GB = 1e9
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float | None:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):  # average ranks of ties
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    if len(xs) < 2:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return num / den if den else None
+
+
+def validate_runs(path: Path) -> dict:
+    rows, groups = [], {}
+    for run in load_runs(path):
+        item = {"row": run.row, "model": run.name, "gpu_type": run.gpu_type, "predicted_iter_s": None,
+                "measured_iter_s": run.measured_iter_s, "measured_how": run.measured_how, "relative_error": None,
+                "predicted_peak_memory_gb": None, "predicted_oom": None, "measured_oom": run.measured_oom,
+                "measured_peak_memory_gb": run.measured_peak_memory_gb, "skipped_reason": run.skipped_reason,
+                "split": "test" if is_test_row(run.row) else "fit"}
+        if run.skipped_reason is None and run.row in EXCLUDED and path == DEFAULT_RUNS:
+            item["skipped_reason"] = f"excluded: {EXCLUDED[run.row]}"
+        if run.skipped_reason is None:
+            est = evaluate(run.instance, run.placement, check=False)
+            capacity = min(m.memory.capacity_gib for m in est.stages)
+            item.update(predicted_iter_s=est.iteration_time_s,
+                        relative_error=est.iteration_time_s / run.measured_iter_s - 1,
+                        predicted_peak_memory_gb=est.peak_memory_gib * GIB / GB,
+                        predicted_oom=est.peak_memory_gib > capacity,
+                        calibrated=chip_of(run.gpu_type) is not None)
+            if item["skipped_reason"] is None:
+                groups.setdefault(run.group, []).append(item)
+        rows.append(item)
+    return {"rows": rows, "summary": _summary(rows, groups)}
+
+
+def _summary(rows: list[dict], groups: dict) -> dict:
+    def stats(items):
+        errs = [abs(r["relative_error"]) for r in items]
+        if not errs:
+            return {"count": 0}
+        worst = max(items, key=lambda r: abs(r["relative_error"]))
+        return {"count": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
+                "worst_row": worst["row"]}
+    scored = [r for r in rows if r["skipped_reason"] is None]
+    calibrated = [r for r in scored if r.get("calibrated")]
+    confusion = {"predicted_oom_and_oom": 0, "predicted_oom_but_ran": 0, "predicted_fit_but_oom": 0,
+                 "predicted_fit_and_ran": 0}
+    for r in scored:
+        key = ("predicted_oom" if r["predicted_oom"] else "predicted_fit") + (
+            "_and_oom" if r["measured_oom"] and r["predicted_oom"] else "_but_oom" if r["measured_oom"]
+            else "_but_ran" if r["predicted_oom"] else "_and_ran")
+        confusion[key] += 1
+    group_rank = [{"group": list(k), "runs": len(v),
+                   "spearman": _spearman([r["predicted_iter_s"] for r in v], [r["measured_iter_s"] for r in v])}
+                  for k, v in groups.items() if len(v) >= 2]
+    mem = [abs(r["predicted_peak_memory_gb"] / r["measured_peak_memory_gb"] - 1) for r in scored
+           if r["measured_peak_memory_gb"]]
+    return {
+        "held_out": stats([r for r in calibrated if r["split"] == "test"]),
+        "calibration_split": stats([r for r in calibrated if r["split"] == "fit"]),
+        "all_scored": stats(scored),
+        "uncalibrated_gpu_types": sorted({r["gpu_type"] for r in scored if not r.get("calibrated")}),
+        "skipped": sum(1 for r in rows if r["skipped_reason"]),
+        "spearman_all": _spearman([r["predicted_iter_s"] for r in scored], [r["measured_iter_s"] for r in scored]),
+        "groups": group_rank,
+        "memory_abs_error_median": statistics.median(mem) if mem else None,
+        "oom_confusion": confusion,
+        "split": "held out: rows with row % 3 == 0; fitted on the others",
+    }
+
+
+def validate_memory(path: Path = DEFAULT_MEMORY) -> list[dict]:
+    """Korthikanti et al. Fig. 1 components against the memory model, first pipeline stage.
+
+    The published weights+grads+optimizer figures equal 18 bytes per parameter (2 + 4 + 12, our bf16 /
+    fp32-main-grad accounting); the runs predate flash attention and carry dropout (GPT-style).
+    """
+    out = []
+    with open(path, newline="", encoding="utf-8") as handle:
+        for i, r in enumerate(csv.DictReader(handle)):
+            layers, hidden, heads = int(r["layers"]), int(r["hidden"]), int(r["heads"])
+            tp, pp, dp, vp, mbs = (int(r[k]) for k in ("tp", "pp", "dp", "vp", "mbs"))
+            m = 8 * pp  # enough micro-batches that every stage holds its full 1F1B/interleaved window
+            data = {
+                "name": f"memory row {i}",
+                "model": {"name": r["model"], "num_hidden_layers": layers, "hidden_size": hidden,
+                          "intermediate_size": 4 * hidden, "num_attention_heads": heads, "vocab_size": int(r["vocab"]),
+                          "hidden_act": "gelu", "dropout": True},
+                "training": {"global_batch_size": m * mbs * dp, "seq_length": int(r["seq"]), "precision": "bf16",
+                             "flash_attention": False, "sequence_parallel": r["sequence_parallel"] == "true",
+                             "recompute": [r["recompute"]], "zero_stage": [0]},
+                "cluster": {"gpu_types": {"a100-sxm-80gb": {}},
+                            "nodes": [{"count": math.ceil(tp * pp * dp / 8), "gpu_type": "a100-sxm-80gb", "gpus": 8}],
+                            "network": {"intra_node_gb_per_s": 300, "inter_node_gb_per_s": 25}},
+            }
+            inst = instance_from_dict(data, str(path))
+            if layers % (pp * vp):
+                split = even_split(layers, pp)
+            else:
+                split = tuple([layers // pp] * pp)
+            p = Placement(tp=tp, pp=pp, cp=1, dp=dp, vpp=vp, micro_batch_size=mbs, recompute=r["recompute"],
+                          zero_stage=0, layers_per_stage=split, gpus=tuple(range(tp * pp * dp)))
+            stage = evaluate(inst, p).stages[0].memory
+            predicted = (stage.weights_gib + stage.gradients_gib + stage.optimizer_gib
+                         if r["component"].startswith("weights") else stage.activations_gib)
+            published = float(r["gib"])
+            out.append({"row": i, "model": r["model"], "component": r["component"], "recompute": r["recompute"],
+                        "published_gib": published, "predicted_gib": predicted,
+                        "relative_error": predicted / published - 1})
+    return out
+
+
+def _print(result: dict, memory: list[dict]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 150))
+    table = Table(title="predicted vs measured iteration time")
+    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GB]",
+                "OOM?"):
+        table.add_column(escape(col), justify="right" if col not in ("model", "how", "GPU") else "left")
+    for r in result["rows"]:
+        if r["skipped_reason"]:
+            continue
+        table.add_row(str(r["row"]), r["model"][:30], r["gpu_type"], r["split"], f"{r['measured_iter_s']:.3f}",
+                      r["measured_how"], f"{r['predicted_iter_s']:.3f}", f"{100 * r['relative_error']:+.1f} %",
+                      f"{r['predicted_peak_memory_gb']:.1f}", "yes" if r["predicted_oom"] else "no",
+                      style="red" if abs(r["relative_error"]) > 0.25 else None)
+    console.print(table)
+    skipped = [r for r in result["rows"] if r["skipped_reason"]]
+    if skipped:
+        reasons = {}
+        for r in skipped:
+            reasons.setdefault(r["skipped_reason"], []).append(r["row"])
+        console.print("[bold]skipped rows[/bold]")
+        for reason, ids in reasons.items():
+            console.print(f"  rows {ids}: {reason}")
+    s = result["summary"]
+    for key in ("held_out", "calibration_split", "all_scored"):
+        st = s[key]
+        if st["count"]:
+            console.print(f"{key}: {st['count']} runs, median |error| {100 * st['median_abs_error']:.1f} %, "
+                          f"max {100 * st['max_abs_error']:.1f} % (row {st['worst_row']})")
+    console.print(f"Spearman (all scored runs): {s['spearman_all']:.3f}; split: {s['split']}")
+    if s["uncalibrated_gpu_types"]:
+        console.print(f"GPU types with default (uncalibrated) efficiencies: {', '.join(s['uncalibrated_gpu_types'])}")
+    if memory:
+        mt = Table(title="memory per GPU, first stage, vs Korthikanti et al. 2022 Fig. 1 [GiB]")
+        for col in ("model", "component", "recompute", "published", "predicted", "error"):
+            mt.add_column(col)
+        for m in memory:
+            mt.add_row(m["model"], m["component"], m["recompute"], f"{m['published_gib']:.2f}",
+                       f"{m['predicted_gib']:.2f}", f"{100 * m['relative_error']:+.1f} %")
+        console.print(mt)
+
+
+def _plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    for split, marker in (("fit", "o"), ("test", "s")):
+        pts = [(r["measured_iter_s"], r["predicted_iter_s"]) for r in result["rows"]
+               if not r["skipped_reason"] and r["split"] == split]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, label=f"{'held out' if split == 'test' else 'calibration'} "
+                                                        f"({len(pts)})", alpha=0.75)
+    lo = min(min(r["measured_iter_s"], r["predicted_iter_s"]) for r in result["rows"] if not r["skipped_reason"])
+    hi = max(max(r["measured_iter_s"], r["predicted_iter_s"]) for r in result["rows"] if not r["skipped_reason"])
+    xs = [lo * 0.8, hi * 1.25]
+    ax.plot(xs, xs, "k-", lw=1, label="exact")
+    for f in (0.9, 1.1):
+        ax.plot(xs, [x * f for x in xs], "k:", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="measured iteration time [s]", ylabel="predicted iteration time [s]",
+           title="Predicted vs measured (dotted: +-10 %)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(command: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"solve {command}", description=__doc__)
+    parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="measured runs CSV (published_runs format)")
+    if command == "validate":
+        parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
+        parser.add_argument("--json", action="store_true", help="print JSON {rows, summary, memory}")
+        parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot")
+    else:
+        parser.add_argument("--write", action="store_true", help="rewrite formulation/data/calibration.json")
+    args = parser.parse_args(argv)
+    if not args.runs.is_file():
+        print(f"error: {args.runs}: <root>: file not found", file=sys.stderr)
+        return 2
+    try:
+        if command == "calibrate":
+            from solvers.validation.calibrate import fit, write_calibration
+            fitted = fit(load_runs(args.runs))
+            print(json.dumps(fitted, indent=2))
+            if args.write:
+                write_calibration(fitted)
+            return 0
+        result = validate_runs(args.runs)
+        memory = validate_memory(args.memory) if args.memory and args.memory.is_file() else []
+    except (InputError, KeyError, ValueError) as exc:
+        print(f"error: {args.runs}: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        _plot(result, args.plot)
+    if args.json:
+        print(json.dumps({**result, "memory": memory}, indent=2))
+    else:
+        _print(result, memory)
+    return 0
