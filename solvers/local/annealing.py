@@ -88,7 +88,7 @@ def feasible_split(scorer: FastScorer) -> list[int] | None:
         lo, hi = 0, units - (pp - 1)  # most units that fit (memory grows with the layer count)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if scorer._stage_fits(i, mid * vpp, scorer.tkeys[i]):
+            if scorer.stage_fits(i, mid * vpp, scorer.tkeys[i]):
                 lo = mid
             else:
                 hi = mid - 1

@@ -4,7 +4,7 @@ placement (layer partition + rank-to-GPU permutation), each scored incrementally
 GPU-level moves (swap, pull, gather, insert, reverse, segment) act on single ranks; node-level moves act on
 whole nodes, after Pipette: `nodes` swaps two nodes, `node_insert` moves a node to another slot of the node
 order (the nodes between shift by one slot), `node_reverse` reverses a segment of the node order. The node
-order is the order in which nodes first serve a rank; a node move relabels GPUs (local index for local index,
+order is the order of the ranks their first GPUs serve; a node move relabels GPUs (local index for local index,
 between nodes of equal size), so it keeps every tp / cp group's intra-node structure and applies to any
 permutation, node-contiguous or not. On clusters whose structure is node-level (every node one uniform class:
 all GPUs of a node alike) the node moves get more weight (NODE_LEVEL_WEIGHTS): their space is much smaller.
@@ -53,7 +53,7 @@ class Moves:
         weights = NODE_LEVEL_WEIGHTS if node_level or node_only else MOVE_WEIGHTS
         self.kinds = [k for k, on in enabled.items() if on and weights[k] > 0
                       and (not node_only or k in NODE_MOVES or k == "layer")]
-        self._order = None  # node order (by the first rank each node serves), recomputed after a map move
+        self._order = None  # node order (by the rank its first GPU serves), recomputed after a map move
         w = np.array([weights[k] for k in self.kinds])
         self.cum = np.cumsum(w / w.sum()) if self.kinds else np.array([])
         self.reset_inverse()
@@ -159,7 +159,7 @@ class Moves:
 
     def _node_order(self) -> list[int]:
         if self._order is None:
-            self._order = sorted(range(len(self.node_gpus)), key=lambda n: min(self.pos_of[g] for g in self.node_gpus[n]))
+            self._order = sorted(range(len(self.node_gpus)), key=lambda n: self.pos_of[self.node_gpus[n][0]])
         return self._order
 
     def _relabel(self, old: list[int], new: list[int]):
