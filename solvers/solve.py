@@ -89,7 +89,8 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     # never means waiting for a program that cannot finish. "anneal" anneals the default placements only.
     exact = tractable and method in ("auto", "exact")
     moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES
-    found = search(instance, solver=backend, time_limit_s=time_limit, threads=threads, seed=seed, top=max(1, top),
+    left = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))  # after setup
+    found = search(instance, solver=backend, time_limit_s=left, threads=threads, seed=seed, top=max(1, top),
                    progress=progress, exact=exact, refine=not annealing, anneal_moves=0 if exact else moves,
                    program_limit_s=AUTO_PROGRAM_LIMIT_S if automatic and time_limit is None else None)
     best = found.ranked[0]

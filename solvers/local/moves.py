@@ -7,7 +7,7 @@ order (the nodes between shift by one slot), `node_reverse` reverses a segment o
 order is the order of the ranks their first GPUs serve; a node move relabels GPUs (local index for local index,
 between nodes of equal size), so it keeps every tp / cp group's intra-node structure and applies to any
 permutation, node-contiguous or not. On clusters whose structure is node-level (every node one uniform class:
-all GPUs of a node alike) the node moves get more weight (NODE_LEVEL_WEIGHTS): their space is much smaller.
+all GPUs of a node alike) the node moves get most of the weight (NODE_LEVEL_WEIGHTS): their space is much smaller.
 `node_only=True` draws node moves and layer moves only (the Pipette-style baseline of `solve bench`).
 """
 
@@ -19,9 +19,11 @@ from solvers.local.fast_score import FastScorer
 
 MOVE_WEIGHTS = {"swap": 0.15, "pull": 0.10, "gather": 0.20, "nodes": 0.10, "insert": 0.08, "reverse": 0.08,
                 "segment": 0.09, "layer": 0.20, "node_insert": 0.0, "node_reverse": 0.0}
-# all GPUs of every node alike: a third of the draws permute whole nodes
-NODE_LEVEL_WEIGHTS = {"swap": 0.10, "pull": 0.07, "gather": 0.13, "nodes": 0.13, "insert": 0.05, "reverse": 0.05,
-                      "segment": 0.05, "layer": 0.22, "node_insert": 0.10, "node_reverse": 0.10}
+# all GPUs of every node alike: most draws permute whole nodes (a much smaller space, and the moves keep the
+# groups' class multisets among few, so their scores come from the caches); a few GPU moves for groups that
+# should straddle nodes
+NODE_LEVEL_WEIGHTS = {"swap": 0.01, "pull": 0.01, "gather": 0.01, "nodes": 0.25, "insert": 0.004, "reverse": 0.003,
+                      "segment": 0.003, "layer": 0.25, "node_insert": 0.22, "node_reverse": 0.22}
 NODE_MOVES = ("nodes", "node_insert", "node_reverse")
 NODE_WINDOW = 16  # longest node segment an insert or reverse moves (each node moved rescores its groups)
 

@@ -13,8 +13,9 @@ optimised partitions of the default maps, the bound-only search improves placeme
    improve, and configurations whose bound no longer beats it drop out of later rounds.
 
 Without a time limit both phases run on move counts (deterministic per seed) and phase 2 runs GAP_ROUNDS
-rounds, within GAP_BUDGET_S of wall time; with a time limit phase 1 takes at most half of what is left and
-phase 2 runs rounds until the deadline. Every improvement is recorded in the search's history (time, best),
+rounds, within GAP_BUDGET_S of wall time; with a time limit phase 1 takes PHASE1_SHARES of what is left (half
+for the best plan so far: on a short budget depth on the likely winner pays most) and phase 2 runs rounds
+until the deadline. Every improvement is recorded in the search's history (time, best),
 from which the gap over time follows (the bound is fixed once the enumeration ends).
 """
 
@@ -41,6 +42,12 @@ ANNEAL_MOVES = 4000
 # phase 2 without a time limit: rounds over the configurations the bound leaves open, and a wall-clock cap
 GAP_ROUNDS = 2
 GAP_BUDGET_S = 20.0
+# phase 1 with a time limit: the share of the time left that each of the best configurations gets (the best
+# first); phase 2 gets the rest. A short budget is best spent deep on the plan most likely to win.
+PHASE1_SHARES = (0.5, 0.1, 0.1)
+# an anneal is not started with less time than this left (its start and final evaluate() take about that on
+# 512 GPUs): the time limit is a promise
+MIN_ANNEAL_S = 0.5
 
 
 def close_gap(instance, candidates, result, deadline: float, seed: int, top: int, moves: int | None,
@@ -53,14 +60,17 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
              * (1 - 1e-9)]
     first = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound_s, c.config))
     first = first[:max(ANNEAL_CONFIGURATIONS, top)]
-    phase1_end = deadline if deadline == INF or moves is not None else \
-        time.perf_counter() + (deadline - time.perf_counter()) / 2
+    now = time.perf_counter()
+    timed = deadline != INF and moves is None
     done = set()
     for k, cand in enumerate(first):
-        if time.perf_counter() >= phase1_end:
+        if time.perf_counter() >= deadline:
             break
-        _relocate(instance, cand, result, deadline, improved)
-        share = None if moves is not None else (phase1_end - time.perf_counter()) / (len(first) - k)
+        # relocation is a greedy pass of evaluate() calls: at most a tenth of what is left with a time limit
+        _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10,
+                  improved)
+        # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it)
+        share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
         if _anneal(instance, cand, result, seed, moves, share, deadline, improved):
             done.add(cand.config)
     if time.perf_counter() >= deadline:
@@ -112,7 +122,7 @@ def _anneal(instance, cand, result, seed, moves, time_s, deadline, improved, sta
     `repartition` (a backend name) the annealed map's layers are re-split exactly. False if nothing fits."""
     if start == "best":
         start = cand.placement
-    if time_s is not None and time_s <= 0:
+    if time_s is not None and time_s < MIN_ANNEAL_S:
         return False
     try:
         found = anneal(instance, cand.config, seed=seed, max_moves=moves, time_limit_s=time_s, start=start)

@@ -205,8 +205,8 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
     backend = backends.get(solver)
     if not exact:
         now = time.perf_counter()
-        # with a time limit, half of what is left at most, so that annealing gets the other half
-        refine_until = now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 2 if time_limit_s else INF)
+        # with a time limit, a quarter of what is left at most, so that annealing gets the rest
+        refine_until = now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 4 if time_limit_s else INF)
         for cand in candidates if refine else []:
             if cand.lower_bound_s >= _kth_best(candidates, top) * (1 - 1e-9):
                 break
