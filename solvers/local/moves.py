@@ -7,7 +7,8 @@ order (the nodes between shift by one slot), `node_reverse` reverses a segment o
 order is the order of the ranks their first GPUs serve; a node move relabels GPUs (local index for local index,
 between nodes of equal size), so it keeps every tp / cp group's intra-node structure and applies to any
 permutation, node-contiguous or not. On clusters whose structure is node-level (every node one uniform class:
-all GPUs of a node alike) the node moves get most of the weight (NODE_LEVEL_WEIGHTS): their space is much smaller.
+all GPUs of a node alike) and a start whose nodes serve contiguous blocks of ranks, the node moves get most of
+the weight (NODE_LEVEL_WEIGHTS): their space is much smaller; a scattered start keeps the GPU moves that repair it.
 `node_only=True` draws node moves and layer moves only (the Pipette-style baseline of `solve bench`).
 """
 
@@ -51,7 +52,9 @@ class Moves:
                    "nodes": node_moves, "insert": gpu_moves, "reverse": gpu_moves,
                    "segment": gpu_moves and self.window >= 4, "layer": layer_moves,
                    "node_insert": node_moves and len(cl.nodes) > 2, "node_reverse": node_moves and len(cl.nodes) > 2}
-        node_level = len(set(self.cls)) == len(cl.nodes)  # every node one uniform class: all its GPUs alike
+        self.reset_inverse()
+        # every node one uniform class (all its GPUs alike) and the start serves whole nodes: node moves first
+        node_level = len(set(self.cls)) == len(cl.nodes) and self._node_aligned()
         weights = NODE_LEVEL_WEIGHTS if node_level or node_only else MOVE_WEIGHTS
         self.kinds = [k for k, on in enabled.items() if on and weights[k] > 0
                       and (not node_only or k in NODE_MOVES or k == "layer")]
@@ -59,6 +62,14 @@ class Moves:
         w = np.array([weights[k] for k in self.kinds])
         self.cum = np.cumsum(w / w.sum()) if self.kinds else np.array([])
         self.reset_inverse()
+
+    def _node_aligned(self) -> bool:
+        """Whether every node's GPUs serve one contiguous block of ranks (or no rank): node moves keep that."""
+        for gpus in self.node_gpus:
+            ranks = sorted(self.pos_of[g] for g in gpus if self.pos_of[g] < self.world)
+            if ranks and ranks[-1] - ranks[0] != len(ranks) - 1:
+                return False
+        return True
 
     def reset_inverse(self) -> None:
         self.pos_of = [0] * self.N
