@@ -26,7 +26,7 @@ MOVE_WEIGHTS = {"swap": 0.15, "pull": 0.10, "gather": 0.20, "nodes": 0.10, "inse
 NODE_LEVEL_WEIGHTS = {"swap": 0.01, "pull": 0.01, "gather": 0.01, "nodes": 0.25, "insert": 0.004, "reverse": 0.003,
                       "segment": 0.003, "layer": 0.25, "node_insert": 0.22, "node_reverse": 0.22}
 NODE_MOVES = ("nodes", "node_insert", "node_reverse")
-NODE_WINDOW = 16  # longest node segment an insert or reverse moves (each node moved rescores its groups)
+NODE_WINDOW = 8  # longest node segment an insert or reverse moves (each node moved rescores its groups)
 
 class Moves:
     """Draws proposals on a FastScorer; keeps the inverse permutation up to date on commit."""

@@ -41,7 +41,7 @@ ANNEAL_CONFIGURATIONS = 3
 ANNEAL_MOVES = 4000
 # phase 2 without a time limit: rounds over the configurations the bound leaves open, and a wall-clock cap
 GAP_ROUNDS = 2
-GAP_BUDGET_S = 20.0
+GAP_BUDGET_S = 10.0
 # phase 1 with a time limit: the share of the time left that each of the best configurations gets (the best
 # first); phase 2 gets the rest. A short budget is best spent deep on the plan most likely to win.
 PHASE1_SHARES = (0.5, 0.1, 0.1)
