@@ -37,7 +37,8 @@ without ever trading iteration time for it. After a stall of a tenth of the budg
 budget) the walk restarts from the best state.
 
 Determinism: numpy Generator(seed) drives every choice, so the same seed and max_moves give the same result on
-any machine; time_limit_s is then only a safety stop. With time_limit_s alone (no max_moves) the run stops at
+any machine when time_limit_s does not bind (with both given the cooling follows whichever is further along,
+so a binding time limit still ends cold). With time_limit_s alone (no max_moves) the run stops at
 the time limit and the schedule follows the clock: the number of moves, and so the result, depends on the
 machine's speed. Neither given: max_moves = DEFAULT_MOVES.
 """
@@ -173,7 +174,10 @@ def anneal(instance, config: Config, *, seed: int = 0, max_moves: int | None = N
         now = time.perf_counter()
         if now >= deadline:
             break
-        cooled = FINAL_TEMPERATURE_RATIO ** min(moves / budget if budget else (now - t_start) / time_limit_s, 1.0)
+        # the schedule follows whichever of the move budget and the clock is further along: a time limit that
+        # binds before the moves are spent still ends cold
+        done = max(moves / budget if budget else 0.0, (now - t_start) / time_limit_s if time_limit_s else 0.0)
+        cooled = FINAL_TEMPERATURE_RATIO ** min(done, 1.0)
         out = draw()
         if out is None:
             break

@@ -14,8 +14,8 @@ optimised partitions of the default maps, the bound-only search improves placeme
 
 Without a time limit both phases run on move counts (deterministic per seed) and phase 2 runs GAP_ROUNDS
 rounds, within GAP_BUDGET_S of wall time; with a time limit phase 1 takes PHASE1_SHARES of what is left (half
-for the best plan so far: on a short budget depth on the likely winner pays most) and phase 2 runs rounds
-until the deadline. Every improvement is recorded in the search's history (time, best),
+for the best plan so far: on a short budget depth on the likely winner pays most), at most
+PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals each, and phase 2 runs rounds until the deadline. Every improvement is recorded in the search's history (time, best),
 from which the gap over time follows (the bound is fixed once the enumeration ends).
 """
 
@@ -45,6 +45,9 @@ GAP_BUDGET_S = 10.0
 # phase 1 with a time limit: the share of the time left that each of the best configurations gets (the best
 # first); phase 2 gets the rest. A short budget is best spent deep on the plan most likely to win.
 PHASE1_SHARES = (0.5, 0.1, 0.1)
+# ... and at most this many times ANNEAL_MOVES (64 GPUs converge in a few seconds: the rest of a long budget
+# is better spent on the configurations the bound leaves open)
+PHASE1_MOVES_FACTOR = 4
 # an anneal is not started with less time than this left (its start and final evaluate() take about that on
 # 512 GPUs): the time limit is a promise
 MIN_ANNEAL_S = 0.5
@@ -71,7 +74,8 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
                   improved)
         # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it)
         share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
-        if _anneal(instance, cand, result, seed, moves, share, deadline, improved):
+        count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES
+        if _anneal(instance, cand, result, seed, count, share, deadline, improved):
             done.add(cand.config)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
