@@ -15,7 +15,8 @@ optimised partitions of the default maps, the bound-only search improves placeme
 Without a time limit both phases run on move counts (deterministic per seed) and phase 2 runs GAP_ROUNDS
 rounds, within GAP_BUDGET_S of wall time; with a time limit phase 1 takes PHASE1_SHARES of what is left (half
 for the best plan so far: on a short budget depth on the likely winner pays most), at most
-PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals each, and phase 2 runs rounds until the deadline. Every improvement is recorded in the search's history (time, best),
+PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals each, phase 2 runs rounds until FINAL_SHARE of the time it
+started with is left, and that goes to one more anneal of the best plan found. Every improvement is recorded in the search's history (time, best),
 from which the gap over time follows (the bound is fixed once the enumeration ends).
 """
 
@@ -48,6 +49,9 @@ PHASE1_SHARES = (0.5, 0.1, 0.1)
 # ... and at most this many times ANNEAL_MOVES (64 GPUs converge in a few seconds: the rest of a long budget
 # is better spent on the configurations the bound leaves open)
 PHASE1_MOVES_FACTOR = 4
+# with a time limit, the last share of what phase 2 starts with goes to one clock-driven anneal of the best plan
+# found (depth where the winner is, after breadth where the bound points)
+FINAL_SHARE = 0.3
 # an anneal is not started with less time than this left (its start and final evaluate() take about that on
 # 512 GPUs): the time limit is a promise
 MIN_ANNEAL_S = 0.5
@@ -81,7 +85,21 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
         result.stopped = "time limit"
         return
     budget_end = min(deadline, time.perf_counter() + GAP_BUDGET_S) if deadline == INF else deadline
-    rounds = GAP_ROUNDS if deadline == INF else 1_000_000
+    if timed:  # the last FINAL_SHARE of the time deepens the best plan found (below)
+        budget_end = deadline - FINAL_SHARE * (deadline - time.perf_counter())
+    _rounds(instance, candidates, result, seed, top, moves, kth_best, improved, solver, done, budget_end,
+            GAP_ROUNDS if deadline == INF else 1_000_000)
+    if timed and time.perf_counter() < deadline:
+        best = min((c for c in candidates if c.estimate is not None), key=lambda c: (c.estimate.iteration_time_s,
+                                                                                     c.config))
+        _anneal(instance, best, result, seed + 1, None, deadline - time.perf_counter(), deadline, improved)
+    if time.perf_counter() >= deadline:
+        result.stopped = "time limit"
+
+
+def _rounds(instance, candidates, result, seed, top, moves, kth_best, improved, solver, done, budget_end,
+            rounds: int) -> None:
+    """Phase 2 (module docstring): at most `rounds` rounds, until `budget_end`."""
     base = moves or ANNEAL_MOVES
     for r in range(rounds):
         order = sorted((c for c in candidates if c.lower_bound_s < kth_best(candidates, top) * (1 - 1e-9)),
@@ -91,8 +109,6 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
             break
         for cand in order:
             if time.perf_counter() >= budget_end:
-                if budget_end >= deadline:
-                    result.stopped = "time limit"
                 return
             if cand.lower_bound_s >= kth_best(candidates, top) * (1 - 1e-9):
                 continue  # the incumbent fell below its bound during this round
