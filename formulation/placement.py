@@ -56,6 +56,12 @@ class Placement:
     def config_key(self) -> tuple:
         return (self.tp, self.pp, self.cp, self.dp, self.vpp, self.micro_batch_size, self.recompute, self.zero_stage)
 
+    def summary(self) -> str:
+        """The choices on one line, in the ecosystem's words."""
+        return (f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp} vpp={self.vpp} "
+                f"micro_batch_size={self.micro_batch_size} recompute={self.recompute} zero_stage={self.zero_stage} "
+                f"layers_per_stage={list(self.layers_per_stage)}")
+
     def to_dict(self, cluster=None) -> dict:
         out = asdict(self)
         out["layers_per_stage"] = list(self.layers_per_stage)

@@ -68,16 +68,7 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     if objective != "time":
         raise ValueError(f"objective {objective!r} needs the composition search (method auto or exact)")
     if method == "baseline":
-        result = best_default(instance, top=max(1, top), progress=progress)
-        best = result.best[0]
-        report = SolverReport(method="megatron-default-sweep", status="feasible",
-                              objective_s=best.estimate.iteration_time_s, bound_s=None, gap=None,
-                              wall_time_s=time.perf_counter() - start, seed=seed,
-                              note=f"best default placement over all configurations, no optimality bound; "
-                                   f"{result.examined} configurations examined, {result.fitting} fit")
-        return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
-                          alternatives=[(r.placement, r.estimate) for r in result.best[1:]],
-                          examined=result.examined, fitting=result.fitting, default=(best.placement, best.estimate))
+        return _baseline_plan(instance, top, progress, seed, start)
     annealing = method == "anneal"
     tractable = exact_is_tractable(instance)
     if method == "exact" and not tractable:
@@ -96,12 +87,43 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     best = found.ranked[0]
     objective = best.estimate.iteration_time_s
     gap = (objective - found.bound_s) / objective
+    method, note = _search_note(instance, found, method, backend, exact, tractable, moves, seed, time_limit)
+    report = SolverReport(method=method, status=found.status, objective_s=objective,
+                          bound_s=found.bound_s, gap=max(0.0, gap), wall_time_s=time.perf_counter() - start,
+                          seed=seed, note=note)
+    default = found.best_default
+    return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
+                      alternatives=[(c.placement, c.estimate) for c in found.ranked[1:]],
+                      examined=found.examined, fitting=len(found.ranked),
+                      default=default.megatron if default else None, history=found.history)
+
+
+def _baseline_plan(instance, top: int, progress, seed: int, start: float) -> PlanResult:
+    """The best Megatron-style default placement over all configurations: no bound is claimed."""
+    result = best_default(instance, top=max(1, top), progress=progress)
+    best = result.best[0]
+    report = SolverReport(method="megatron-default-sweep", status="feasible",
+                          objective_s=best.estimate.iteration_time_s, bound_s=None, gap=None,
+                          wall_time_s=time.perf_counter() - start, seed=seed,
+                          note=f"best default placement over all configurations, no optimality bound; "
+                               f"{result.examined} configurations examined, {result.fitting} fit")
+    return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
+                      alternatives=[(r.placement, r.estimate) for r in result.best[1:]],
+                      examined=result.examined, fitting=result.fitting, default=(best.placement, best.estimate))
+
+
+def _search_note(instance, found, method: str, backend: str, exact: bool, tractable: bool, moves, seed: int,
+                 time_limit: float | None) -> tuple[str, str]:
+    """The report's method name and the sentence that says what the search did and how it stopped."""
     moves_text = f"{moves} moves" if moves else "the time left"
     if exact:
         method = f"exact-{backend}"
         note = (f"{found.examined} configurations solved exactly or tried, {found.pruned} pruned by bound, "
                 f"{found.infeasible} do not fit")
-    elif annealing:
+        if found.examined == 0:
+            note = (f"the best default placement already meets the proven lower bound of every configuration: no "
+                    f"program needed; {found.pruned} pruned by bound, {found.infeasible} do not fit")
+    elif method == "anneal":
         method = "anneal"
         note = (f"simulated annealing ({found.annealed} anneals) of the default placements of the best of "
                 f"{found.candidates} configurations that fit, then of those whose bound beats the incumbent ({moves_text} each, seed {seed}), and the global lower bound of "
@@ -124,11 +146,4 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
         note += (f"; {len(found.errors)} configuration(s) left unproven (solver failure or auto's per-program "
                  f"limit), each keeping the bound it reached: "
                  f"{found.errors[0]}")
-    report = SolverReport(method=method, status=found.status, objective_s=objective,
-                          bound_s=found.bound_s, gap=max(0.0, gap), wall_time_s=time.perf_counter() - start,
-                          seed=seed, note=note)
-    default = found.best_default
-    return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
-                      alternatives=[(c.placement, c.estimate) for c in found.ranked[1:]],
-                      examined=found.examined, fitting=len(found.ranked),
-                      default=default.megatron if default else None, history=found.history)
+    return method, note

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import H100_128, build_instance, run_solve, small_instance_dict
 from formulation import default_placement, evaluate
-from solvers.outputs.export import (export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout,
-                            torchtitan_toml)
+from solvers.outputs.export import export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout
+from solvers.outputs.torchtitan import torchtitan_toml
 from solvers.outputs.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups, slurm_launch,
                             torchrun_launch)
 

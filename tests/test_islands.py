@@ -203,6 +203,9 @@ def test_cli_objective_errors_and_mixed_plan_file(tmp_path):
     assert solver["objective"] == "cost" and solver["bound_s"] is None and solver["status"] == "optimal"
     assert solver["objective_value"] == pytest.approx(solver["bound_value"])
     assert {r["gpu_type"] for r in solver["islands"]} == {"h100-sxm-80gb", "a100-sxm-80gb"}
+    # the plan is compared with the default in the objective's unit, not in seconds
+    assert "Megatron-style default (best over configurations):" in ok.stdout
+    assert "per million tokens; this plan" in " ".join(ok.stdout.split())
 
 
 def test_no_type_can_hold_the_model_says_which_stage_needs_what(tmp_path):

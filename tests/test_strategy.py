@@ -35,6 +35,14 @@ def test_bound_only_never_beats_the_proven_exact_optimum():
     assert bound_only.solver.bound_s <= exact.estimate.iteration_time_s * (1 + 1e-9)
 
 
+def test_report_says_when_no_program_was_needed_and_when_the_default_is_as_good():
+    out = run_solve("--instance", REPO / "instances" / "small_2x4.json", "--quiet")
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0 and "status optimal" in text
+    assert "no program needed" in text and "0 configurations solved" not in text
+    assert "no better than the default (within 0.1 %)" in text and "brings 100 %" not in text
+
+
 def test_cli_refuses_exact_beyond_its_reach_and_mixed_spellings():
     out = run_solve("--instance", REPO / "instances" / "h100_128.json", "--method", "exact")
     assert out.returncode == 2 and "--method" in out.stderr and "exact program's reach" in out.stderr

@@ -1,4 +1,4 @@
-"""Accuracy against published measurements. The bounds are the figures reached at calibration time (README,
+"""Accuracy against published measurements. The bounds are the figures reached at calibration time (docs/validation.md,
 Validation) with a small margin, so a regression in the cost or memory model fails here."""
 
 from pathlib import Path

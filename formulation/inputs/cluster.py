@@ -12,6 +12,7 @@ Each level has a latency (alpha) so that effective bandwidth grows with message 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -40,7 +41,7 @@ CALIBRATION_PATH = DATA_DIR / "calibration.json"
 
 @dataclass(frozen=True)
 class GpuType:
-    """Hardware facts and achieved-efficiency parameters of one GPU type (see README, model section (C1)-(C3))."""
+    """Hardware facts and achieved-efficiency parameters of one GPU type (see docs/model.md (C1)-(C3))."""
 
     name: str
     memory_gib: float
@@ -103,7 +104,12 @@ def gpu_type_from_dict(name: str, data: dict, file: str, path: str, software_sta
         if key in base or sec.has(key):
             values[key] = sec.number(key, default=base.get(key), positive=positive, minimum=0.0, maximum=maximum)
         else:
-            raise sec.error(key, "required field is missing (no catalog preset provides it)")
+            names = sorted(k for k in catalog if not k.startswith("__"))
+            closest = ([n for n in names if name.lower() in n]
+                       or difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.5))
+            hint = f" (closest: {', '.join(closest)})" if closest else ""
+            raise sec.error(key, f"required field is missing: {name!r} is not a catalog GPU type{hint}; give "
+                                 f"`preset` (one of {', '.join(names)}) or every field")
     sec.done()
     return GpuType(name=name, **values)
 
@@ -284,7 +290,7 @@ class Cluster:
 
 def load_cluster_section(data: dict, file: str, software_stack: str = "megatron",
                          base_dir: Path | None = None) -> Cluster:
-    """The instance's `cluster` section (strict; see README, instance format). Measurement files are relative to
+    """The instance's `cluster` section (strict; see docs/instance-format.md). Measurement files are relative to
     `base_dir` (the instance file's directory; default the current directory)."""
     sec = Section(data, file, "cluster")
     types_sec = sec.section("gpu_types")

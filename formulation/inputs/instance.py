@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from formulation.errors import (
 )
 from formulation.inputs.job import TrainingJob, load_training_section
 from formulation.inputs.model import Model, load_model_section
+from formulation.inputs.plausibility import plausibility_warnings
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +30,7 @@ class Instance:
     training: TrainingJob
     cluster: Cluster
     source: str = "<memory>"
+    warnings: tuple[str, ...] = ()  # plausibility warnings (likely unit mistakes); the CLI prints them
 
 
 def read_document(path: str | Path) -> dict:
@@ -71,6 +74,12 @@ class _StrictYamlLoader(yaml.SafeLoader):
 
 
 _StrictYamlLoader.add_constructor("tag:yaml.org,2002:map", _StrictYamlLoader.construct_strict_map)
+# YAML 1.1 (PyYAML) reads 15e12 and 1.5e12 as strings: it wants a dot and a signed exponent (1.5e+12). Users
+# write token budgets and bandwidths the way JSON and Python do, so those spellings are floats here too.
+_StrictYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def _parse_yaml(text: str, file: str):
@@ -103,7 +112,7 @@ def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None
     cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack, base_dir)
     sec.done()
     return Instance(name=name, description=description, model=model, training=training, cluster=cluster,
-                    source=file)
+                    source=file, warnings=tuple(plausibility_warnings(data, file)))
 
 
 def load_instance(path: str | Path) -> Instance:

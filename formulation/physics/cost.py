@@ -1,4 +1,4 @@
-"""Time of computation and communication, and the pipeline schedule (README, model section (C1)-(C14)).
+"""Time of computation and communication, and the pipeline schedule (docs/model.md (C1)-(C14)).
 
 Conventions: times in seconds, message sizes in bytes, bandwidths in GB/s (1e9 bytes/s) per GPU and
 direction, as nccl-tests reports bus bandwidth.

@@ -1,4 +1,4 @@
-"""Memory per GPU of every pipeline stage (README, model section (M1)-(M7)).
+"""Memory per GPU of every pipeline stage (docs/model.md (M1)-(M7)).
 
 All quantities are bytes per GPU. The formulas are written so that each stage's memory is an affine
 function of its layer count for a fixed configuration: the exact program relies on that.

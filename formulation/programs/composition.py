@@ -1,4 +1,4 @@
-"""The composition program: pipeline stages on islands of identical GPUs (README, "Mixed GPU types" (H1)-(H8)).
+"""The composition program: pipeline stages on islands of identical GPUs (docs/mixed-gpu-types.md (H1)-(H8)).
 
 For one configuration (tp, pp, cp, dp, vpp, micro-batch, recompute, zero_stage) on a cluster cut into islands
 (formulation/programs/islands.py), the program decides which island hosts each pipeline stage and how many layers it

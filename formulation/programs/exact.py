@@ -1,4 +1,4 @@
-"""The exact mathematical program for one configuration (README, "Exact program" (P1)-(P12)).
+"""The exact mathematical program for one configuration (docs/programs.md (P1)-(P12)).
 
 Decides the layer partition and the rank-to-GPU map of one configuration (tp, pp, cp, dp, vpp, micro-batch,
 recompute, zero_stage) so that the evaluator's iteration time is minimal. Ranks are assigned to *uniform

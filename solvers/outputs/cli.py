@@ -30,6 +30,7 @@ from solvers import solve
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables
 from solvers.search.islands import UNITS
+from solvers.search.mixed import objective_value
 from solvers.search.uniform import MAX_EXACT_SIZE, NoPlanInTime
 from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
 
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="solve", description="Plan LLM training on a GPU cluster: parallel sizes, layer partition and "
                                   "GPU-to-rank map that make an iteration fastest without running out of memory.",
         epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help', "
-               "'solve ingest FILE' (what the planner takes from a measurement or config file). Exit codes: "
+               "'solve ingest FILE' (what the planner takes from a measurement or config file), 'solve sweep --help' "
+               "(what-if sweeps over models, GPU types and cluster sizes). Exit codes: "
                "0 plan found, 1 no feasible plan, 2 bad input.")
     parser.add_argument("--instance", required=True, help="instance file (JSON or YAML): model, training, cluster")
     parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
@@ -88,6 +90,9 @@ def run(argv: list[str]) -> int:
     if argv and argv[0] in ("validate", "calibrate"):
         from solvers.validation import validate
         return validate.main(argv[0], argv[1:])
+    if argv and argv[0] == "sweep":
+        from solvers.sweep import run as sweep
+        return sweep.main(argv[1:])
     if argv and argv[0] == "ingest":
         return _ingest(argv[1:])
     if argv and argv[0] == "bench":
@@ -108,6 +113,8 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
     try:
         instance = load_instance(args.instance)
+        for warning in instance.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.
         console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
         if args.evaluate:
@@ -133,24 +140,7 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
-    print_tables(estimate_tables(instance, result.placement, result.estimate)
-                 + [gpu_grid_table(instance, result.placement)], console)
-    s = result.solver
-    console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
-                  f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
-                  f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
-                  f"seed {s.seed}")
-    if s.note:
-        console.print(f"  ({s.note})")
-    if s.objective != "time":
-        console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
-                      f"(bound {s.bound_value:.6g})")
-    if s.islands:
-        print_tables([islands_table(s.islands)], console)
-    _print_default_comparison(instance, result, console)
-    for rank, (p, e) in enumerate(result.alternatives, start=2):
-        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
-                      f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
+    _print_plan(instance, result, console)
     if args.output:
         console.print(f"plan written to {args.output}")
     return _write_outputs(args, instance, result, console)
@@ -172,21 +162,50 @@ def _ingest(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def _print_plan(instance, result, console) -> None:
+    """The plan's tables, the solver's report, the comparison with the default, and the runners-up."""
+    print_tables(estimate_tables(instance, result.placement, result.estimate)
+                 + [gpu_grid_table(instance, result.placement)], console)
+    s = result.solver
+    console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
+                  f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
+                  f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
+                  f"seed {s.seed}")
+    if s.note:
+        console.print(f"  ({s.note})")
+    if s.objective != "time":
+        console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
+                      f"(bound {s.bound_value:.6g})")
+    if s.islands:
+        print_tables([islands_table(s.islands)], console)
+    _print_default_comparison(instance, result, console)
+    for rank, (p, e) in enumerate(result.alternatives, start=2):
+        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
+                      f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
+
+
 def _print_default_comparison(instance, result, console) -> None:
-    """The plan against the fastest Megatron-style default placement, and the share of the gain that the
-    GPU assignment alone brings (the plan's configuration and partition with ranks filled node by node)."""
+    """The plan against the best Megatron-style default placement, in the objective's own unit, and (for time)
+    the share of the gain that the GPU assignment alone brings (the plan's configuration and partition with
+    ranks filled node by node)."""
     if not result.default:
         return
-    default_s = result.default[1].iteration_time_s
-    plan_s = result.estimate.iteration_time_s
-    filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
-    filled_s = evaluate(instance, filled, check=False).iteration_time_s
-    gain = default_s - plan_s
-    share = f"; the GPU assignment alone brings {100 * (filled_s - plan_s) / gain:.0f} % of it" if gain > 0 else ""
+    objective = result.solver.objective
+    default_v = objective_value(instance, objective, *result.default)
+    plan_v = objective_value(instance, objective, result.placement, result.estimate)
+    unit = {"time": "s", "cost": "per million tokens", "gpus": "GPUs"}[objective]
+    text = f"Megatron-style default (best over configurations): {default_v:.4f} {unit}; this plan {plan_v:.4f} {unit}"
+    if default_v <= plan_v * 1.001:
+        console.print(f"{text}: no better than the default (within 0.1 %)")
+        return
+    share = ""
     if result.solver.islands:  # mixed types: the map and the split go together (stages sit on islands)
         share = "; stages composed on islands of identical GPUs, layers sized by each type's speed and memory"
-    console.print(f"Megatron-style default (best over configurations): {default_s:.4f} s; this plan "
-                  f"{plan_s:.4f} s, {default_s / plan_s:.3f}x{share}")
+    elif objective == "time":
+        filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
+        filled_s = evaluate(instance, filled, check=False).iteration_time_s
+        share = f"; the GPU assignment alone brings {100 * (filled_s - plan_v) / (default_v - plan_v):.0f} % of it"
+    console.print(f"{text}, {default_v / plan_v:.3f}x better{share}")
 
 
 class _Evaluated:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import textwrap
 from pathlib import Path
 
 from formulation.placement import Placement
 from solvers.outputs.files import write_json_atomic, write_text_atomic
+from solvers.outputs.report import comment_lines
+from solvers.outputs.torchtitan import torchtitan_toml
 
 from solvers.outputs.launch import (LaunchMismatch, SlurmLaunch, TorchrunLaunch, check_groups, parse_slurm_files,
                      parse_torchrun_script, slurm_launch, torchrun_launch)
@@ -170,13 +171,13 @@ def megatron_args_script(instance, plan) -> str:
     p, e = plan.placement, plan.estimate
     args, notes, env = megatron_arguments(instance, p)
     lines = [f"# Megatron-LM arguments for the plan of {instance.name} ({instance.model.name}, llm-train-planner).",
-             f"# {_summary(p)}",
+             f"# plan: {p.summary()}",
              f"# predicted: {e.iteration_time_s:.3f} s per iteration, {e.tokens_per_s:,.0f} tokens/s, "
              f"peak {e.peak_memory_gib:.1f} GiB per GPU",
              "# Source this file, then run Megatron-LM's pretrain_gpt.py with \"${MEGATRON_ARGS[@]}\" plus your data,",
              "# tokenizer, optimizer and checkpoint arguments (launch_torchrun.sh and launch_slurm.sh do that).",
              "# Model-family details the plan does not decide (bias, rotary base, vocabulary padding) are yours."]
-    lines += _comment(notes, "NOTE: ")
+    lines += comment_lines(notes, "NOTE: ")
     lines += [f"unset {k}" if v is None else f"export {k}={v}" for k, v in env.items()]
     lines.append("MEGATRON_ARGS=(")
     for flag, value in args:
@@ -199,7 +200,7 @@ def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
              "# torchrun route. Run this script once on every node of the plan; it picks the node's line below.",
              "# torchrun (static rendezvous) makes global rank = node_rank x nproc_per_node + local_rank, and local",
              "# rank j drives the j-th GPU of CUDA_VISIBLE_DEVICES: together they realise the plan's rank order.",
-             f"# {_summary(p)}",
+             f"# plan: {p.summary()}",
              "# Usage: [NODE=<this node's name>] [MASTER_ADDR=...] bash launch_torchrun.sh [extra training args]",
              _PREAMBLE % TRAIN_SCRIPT,
              f"NNODES={len(launch.nodes)}",
@@ -227,7 +228,7 @@ def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
              "# Slurm route: expresses any rank order. srun starts one task per rank and places task r on line r",
              "# of ./hostfile (SLURM_HOSTFILE, --distribution=arbitrary); each task then takes LOCAL_RANK from the",
              "# table below and its node's CUDA_VISIBLE_DEVICES permutation, so it drives the plan's GPU.",
-             f"# {_summary(p)}",
+             f"# plan: {p.summary()}",
              "# Usage, inside an allocation of whole nodes (node names are used as host names):",
              f"#   salloc --nodes={len(hosts)} --exclusive --nodelist={','.join(hosts)}",
              "#   bash launch_slurm.sh [extra training args]",
@@ -256,106 +257,7 @@ def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
     return "\n".join(launch.hostfile) + "\n", "\n".join(lines) + "\n"
 
 
-# ---- torchtitan --------------------------------------------------------------------------------------------
-
-def torchtitan_toml(instance, plan) -> str:
-    p, e, job, model = plan.placement, plan.estimate, instance.training, instance.model
-    m = e.num_micro_batches
-    lines = [f"# torchtitan settings for the plan of {instance.name} ({instance.model.name}), llm-train-planner.",
-             f"# {_summary(p)}",
-             "# Merge into your torchtitan train config (model name/flavor, data and optimizer stay yours).",
-             "# GPU placement is the launcher's job: start torchtitan with launch_torchrun.sh or launch_slurm.sh",
-             "# (TRAIN_SCRIPT=-m torchtitan.train) so the ranks land on the plan's GPUs; torchtitan's mesh order",
-             "# (pp, dp_replicate, dp_shard, cp, tp; tp fastest) matches Megatron's tp-cp-dp-pp for these degrees.",
-             "", "[training]"]
-    if p.pp > 1:
-        lines.append(f"local_batch_size = {p.micro_batch_size * m}  # sequences per data-parallel rank, split into "
-                     f"{m} micro-batches")
-    else:
-        lines.append(f"local_batch_size = {p.micro_batch_size}  # torchtitan accumulates gradients over {m} steps")
-    lines += [f"global_batch_size = {job.global_batch_size}", f"seq_len = {job.seq_length}", "", "[parallelism]"]
-    shard = p.zero_stage == 3
-    if p.zero_stage == 3:
-        notes = ["zero_stage 3: FSDP shards parameters, gradients and optimizer state over the data-parallel ranks."]
-    else:
-        notes = [f"zero_stage {p.zero_stage}: replicated data parallelism (DDP), the plan's gradient all-reduce."]
-        if p.zero_stage == 1:
-            # torchtitan has no optimizer-only sharding; replicating Adam state may not fit where the plan did
-            extra = max(s.memory.optimizer_gib * (p.dp * p.cp - 1) for s in e.stages)
-            over = max(s.memory.total_gib + s.memory.optimizer_gib * (p.dp * p.cp - 1) - s.memory.limit_gib
-                       for s in e.stages)
-            notes = [f"zero_stage 1: torchtitan has no optimizer-only sharding (Megatron's distributed optimizer); "
-                     f"replicated Adam state would add up to {extra:.1f} GiB per GPU"]
-            if over <= 0:
-                notes[0] += ", which still fits: replicated data parallelism (DDP)."
-            else:
-                shard = True
-                notes[0] += (f" and exceed the memory limit by {over:.1f} GiB, so FSDP instead (shards optimizer "
-                             "state and gradients too; parameters kept gathered between forward and backward).")
-        if not shard:
-            notes.append("Older torchtitan refuses replicate with tp/pp/cp ('DDP has not supported > 1D "
-                         f"parallelism'): there use data_parallel_shard_degree = {p.dp} instead.")
-    if p.cp > 1:
-        notes.append("With context_parallel_degree > 1 torchtitan shards parameters over the cp ranks as well "
-                     "(its FSDP mesh is dp_shard x cp).")
-    lines += _comment(notes)
-    lines += (["data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {p.dp}"] if shard else
-              [f"data_parallel_replicate_degree = {p.dp}", "data_parallel_shard_degree = 1"])
-    if shard and p.zero_stage == 1:
-        lines.append('fsdp_reshard_after_forward = "never"')
-    lines += [f"tensor_parallel_degree = {p.tp}", f"pipeline_parallel_degree = {p.pp}",
-              f"context_parallel_degree = {p.cp}"]
-    if p.pp > 1:
-        schedule = "Interleaved1F1B" if p.vpp > 1 else "1F1B"
-        lines += [f"pipeline_parallel_microbatch_size = {p.micro_batch_size}",
-                  f'pipeline_parallel_schedule = "{schedule}"',
-                  "# the plan's layer split, one model part per virtual stage (part k runs on stage k mod pp)",
-                  "module_fqns_per_model_part = ["]
-        parts = _model_parts(model.num_layers, p)
-        lines += [f"  {part}," for part in parts] + ["]"]
-    mode = {"none": "none", "selective": "selective", "full": "full"}[p.recompute]
-    lines += ["", "[activation_checkpoint]", f'mode = "{mode}"']
-    if p.recompute == "selective":
-        lines.append('selective_ac_option = "op"  # recompute cheap ops, keep matmul outputs (close to Megatron\'s '
-                     'selective recompute of the attention core)')
-    return "\n".join(lines) + "\n"
-
-
-def _model_parts(num_layers: int, p: Placement) -> list[str]:
-    """torchtitan module names (Llama-family models) per virtual stage, in Megatron's chunk order."""
-    starts, first = {}, 0
-    chunk_layers = {}
-    for chunk in range(p.vpp):
-        for stage in range(p.pp):
-            n = p.layers_per_stage[stage] // p.vpp
-            starts[(chunk, stage)], chunk_layers[(chunk, stage)] = first, n
-            first += n
-    parts = []
-    for chunk in range(p.vpp):
-        for stage in range(p.pp):
-            a = starts[(chunk, stage)]
-            names = [f"layers.{i}" for i in range(a, a + chunk_layers[(chunk, stage)])]
-            if a == 0:
-                names.insert(0, "tok_embeddings")
-            if a + chunk_layers[(chunk, stage)] == num_layers:
-                names += ["norm", "output"]
-            parts.append("[" + ", ".join(f'"{n}"' for n in names) + "]")
-    return parts
-
-
 # ---- writing -----------------------------------------------------------------------------------------------
-
-def _comment(notes: list[str], prefix: str = "") -> list[str]:
-    """Notes as shell/TOML comments wrapped at 110 columns."""
-    return [line for note in notes
-            for line in textwrap.wrap(note, 110, initial_indent="# " + prefix, subsequent_indent="#   ",
-                                       break_on_hyphens=False)]
-
-
-def _summary(p: Placement) -> str:
-    return (f"plan: tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} micro_batch_size={p.micro_batch_size} "
-            f"recompute={p.recompute} zero_stage={p.zero_stage} layers_per_stage={list(p.layers_per_stage)}")
-
 
 _DESCRIPTIONS = {
     "plan.json": "the plan: placement (parallel sizes, layers per stage, GPU of every rank), estimate, solver report",
@@ -401,7 +303,7 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
         write_text_atomic(out / "report.html", report_html(instance, plan, written))
         written["report.html"] = out / "report.html"
     readme = [f"Launch files for the plan of {instance.name} ({instance.model.name}), written by llm-train-planner.",
-              _summary(p), "",
+              "plan: " + p.summary(), "",
               "Group self-check passed: Megatron-LM's tp, cp, dp, dp-with-cp and pp groups rebuilt from "
               + ("both launch routes" if torchrun is not None else "the Slurm route")
               + " equal the plan's groups.", ""]

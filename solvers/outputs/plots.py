@@ -3,129 +3,15 @@ chart, memory per stage, and the cluster as a node x GPU grid with its inter-nod
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from formulation.physics import cost
 from solvers.outputs.files import save_figure_atomic
+from solvers.outputs.schedule import Schedule, simulate_schedule
 
 FORWARD, BACKWARD, P2P, CRITICAL = "#4C72B0", "#DD8452", "#8172B3", "#C44E52"
-
-
-# ---- schedule simulation -----------------------------------------------------------------------------------
-
-@dataclass
-class Op:
-    stage: int
-    kind: str  # "F" or "B"
-    chunk: int  # model chunk (virtual stage = chunk x pp + stage)
-    micro_batch: int
-    start: float = 0.0
-    end: float = 0.0
-    comm: tuple[float, float] | None = None  # incoming p2p transfer (start, end) this op waited for
-    cause: "Op | None" = None  # the op whose end (plus transfer) or whose stage slot fixed this start
-    critical: bool = False
-
-
-@dataclass
-class Schedule:
-    ops: list[Op]
-    makespan_s: float
-    critical_path: list[Op] = field(default_factory=list)
-
-
-def stage_order(stage: int, pp: int, m: int, vpp: int) -> list[tuple[str, int, int]]:
-    """(kind, chunk, micro-batch) in Megatron-LM's order on one stage: warm-up forwards, steady 1F1B,
-    cool-down backwards; interleaved (vpp > 1) walks chunks in groups of pp micro-batches."""
-    total = m * vpp
-    if vpp == 1:
-        warmup = min(pp - stage - 1, m)
-    else:
-        warmup = total if m == pp else min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
-
-    def virtual(k: int, forward: bool) -> tuple[int, int]:
-        chunk = (k % (pp * vpp)) // pp
-        return (chunk if forward else vpp - 1 - chunk), (k // (pp * vpp)) * pp + k % pp
-
-    order = [("F", *virtual(k, True)) for k in range(warmup)]
-    for k in range(total - warmup):
-        order += [("F", *virtual(warmup + k, True)), ("B", *virtual(k, False))]
-    order += [("B", *virtual(k, False)) for k in range(total - warmup, total)]
-    return order
-
-
-def wrap_time(instance, p) -> float:
-    """Send time from the last stage back to the first (interleaving), as the evaluator prices p2p (C7)."""
-    job, cluster = instance.training, instance.cluster
-    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
-    message = cost.activation_message_bytes(instance.model, job, p) / sp
-    return max(cost.p2p_time(message, cluster.bandwidth(int(a), int(b)), cluster.gpu_node[a] == cluster.gpu_node[b],
-                             cluster) for a, b in zip(p.stage_gpus(p.pp - 1), p.stage_gpus(0)))
-
-
-def simulate_schedule(instance, placement, estimate) -> Schedule:
-    """Event simulation of one iteration: each stage runs its ops in Megatron's order; an op starts when its
-    stage is free and its input has arrived (the producing op's end plus the p2p send time of that link)."""
-    p, m, vpp = placement, estimate.num_micro_batches, placement.vpp
-    boundary = list(estimate.p2p_boundary_s)
-    wrap = wrap_time(instance, p) if vpp > 1 else 0.0
-    last_virtual = vpp * p.pp - 1
-    ops = {}
-    queues = []
-    for i in range(p.pp):
-        queue = []
-        for kind, chunk, mb in stage_order(i, p.pp, m, vpp):
-            op = Op(i, kind, chunk, mb)
-            ops[(kind, chunk * p.pp + i, mb)] = op
-            queue.append(op)
-        queues.append(queue)
-
-    def link(v: int) -> float:  # send time between virtual stages v and v + 1
-        return boundary[v % p.pp] if v % p.pp < p.pp - 1 else wrap
-
-    def dependency(op: Op) -> tuple[Op | None, float]:
-        v = op.chunk * p.pp + op.stage
-        if op.kind == "F":
-            return (ops[("F", v - 1, op.micro_batch)], link(v - 1)) if v > 0 else (None, 0.0)
-        if v == last_virtual:
-            return ops[("F", v, op.micro_batch)], 0.0
-        return ops[("B", v + 1, op.micro_batch)], link(v)
-
-    durations = [(s.forward_s / vpp, s.backward_s / vpp) for s in estimate.stages]
-    done: set[int] = set()
-    nxt, free, last = [0] * p.pp, [0.0] * p.pp, [None] * p.pp
-    remaining = sum(len(q) for q in queues)
-    while remaining:
-        progressed = False
-        for i, queue in enumerate(queues):
-            while nxt[i] < len(queue):
-                op = queue[nxt[i]]
-                dep, send = dependency(op)
-                if dep is not None and id(dep) not in done:
-                    break
-                ready = dep.end + send if dep is not None else 0.0
-                op.start = max(free[i], ready)
-                op.cause = last[i] if free[i] >= ready and last[i] is not None else dep
-                if dep is not None and send > 0:
-                    op.comm = (dep.end, ready)
-                op.end = op.start + durations[i][0 if op.kind == "F" else 1]
-                free[i], last[i] = op.end, op
-                done.add(id(op))
-                nxt[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("schedule simulation deadlocked (inconsistent op order)")
-    everything = [op for q in queues for op in q]
-    end = max(everything, key=lambda o: o.end)
-    path, op = [], end
-    while op is not None:
-        op.critical = True
-        path.append(op)
-        op = op.cause
-    return Schedule(everything, end.end, path[::-1])
+STEADY = "#8E9AAF"  # forwards and backwards alternating (1F1B), in the aggregated whole-iteration panel
 
 
 # ---- writing PNGs ------------------------------------------------------------------------------------------
@@ -184,6 +70,34 @@ def _draw_schedule(ax, sched: Schedule, pp: int, vpp: int, window: tuple[float, 
     ax.set_yticks(range(pp), [f"stage {i}" for i in range(pp)])
 
 
+def _draw_busy_bands(ax, sched: Schedule, pp: int) -> None:
+    """The whole iteration when single ops would be a barcode: per stage its warm-up (forwards only), steady
+    1F1B and cool-down (backwards only) phases as bands, idle gaps longer than 0.2 % of the iteration cut out
+    in white, and the stage's busy share at the right."""
+    from matplotlib.collections import PolyCollection
+    boxes, colors = [], []
+    for stage in range(pp):
+        ops = sorted((o for o in sched.ops if o.stage == stage), key=lambda o: o.start)
+        first_b = min(o.start for o in ops if o.kind == "B")
+        last_f = max(o.end for o in ops if o.kind == "F")
+        phases = [(ops[0].start, first_b, FORWARD), (first_b, last_f, STEADY), (last_f, ops[-1].end, BACKWARD)]
+        for a, b, color in phases:
+            boxes.append([(a, stage - 0.32), (b, stage - 0.32), (b, stage + 0.32), (a, stage + 0.32)])
+            colors.append(color)
+        busy = sum(o.end - o.start for o in ops)
+        for prev, nxt in zip(ops, ops[1:]):
+            if nxt.start - prev.end > 0.002 * sched.makespan_s:
+                a, b = prev.end, nxt.start
+                boxes.append([(a, stage - 0.33), (b, stage - 0.33), (b, stage + 0.33), (a, stage + 0.33)])
+                colors.append("white")
+        ax.text(1.002, stage, f"busy {100 * busy / sched.makespan_s:.1f} %", transform=ax.get_yaxis_transform(),
+                va="center", fontsize=8)
+    ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="none"))
+    ax.set_xlim(0, sched.makespan_s)
+    ax.set_ylim(pp - 0.5, -0.6)
+    ax.set_yticks(range(pp), [f"stage {i}" for i in range(pp)])
+
+
 def schedule_gantt(instance, placement, estimate, path) -> Path:
     """One iteration of the 1F1B (or interleaved) schedule: stages as rows, forward/backward/p2p coloured, the
     critical path as a red line (ops on it outlined in the zoomed panels)."""
@@ -198,7 +112,10 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
     fig = _figure(15, 3.2 + 0.45 * p.pp + (0.45 * p.pp + 2.0 if zoom else 0))
     grid = fig.add_gridspec(2 if zoom else 1, 2, height_ratios=[1, 1.3] if zoom else [1])
     overview = fig.add_subplot(grid[0, :])
-    _draw_schedule(overview, sched, p.pp, p.vpp, (0, sched.makespan_s), label=not zoom)
+    if zoom:  # single ops would be a barcode: phases and idle gaps per stage, the ops in the zoomed panels
+        _draw_busy_bands(overview, sched, p.pp)
+    else:
+        _draw_schedule(overview, sched, p.pp, p.vpp, (0, sched.makespan_s), label=True)
     overview.set_xlabel("time [s]")
     name = f"interleaved 1F1B, vpp={p.vpp}" if p.vpp > 1 else "1F1B"
     overview.set_title(f"{instance.name}: one iteration, {name}, {e.num_micro_batches} micro-batches, "
@@ -222,6 +139,8 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
                Line2D([], [], color=CRITICAL, label="critical path")]
     if p.vpp > 1:
         handles.append(Patch(color=_shade(FORWARD, 0, p.vpp), label="lighter = earlier model chunk"))
+    if zoom:
+        handles.append(Patch(color=STEADY, label="steady 1F1B (top: whole iteration; white: idle)"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
     return save_figure_atomic(fig, path)
 
@@ -257,7 +176,7 @@ def memory_bars(instance, placement, estimate, path) -> Path:
     ax.set_ylabel("memory per GPU [GiB]")
     ax.set_ylim(0, max(max(c for _, c in limits), bottom.max()) * 1.12)
     p = placement
-    ax.set_title(f"{instance.name}: memory per GPU by stage (tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp}, "
+    ax.set_title(f"{instance.name}: memory per GPU by stage\n(tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp}, "
                  f"mbs={p.micro_batch_size}, recompute={p.recompute}, zero={p.zero_stage}); "
                  f"{'fits' if estimate.fits else 'DOES NOT FIT'}", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()  # top component first, as stacked
@@ -387,7 +306,10 @@ def cluster_grid(instance, placement, path) -> Path:
         for r, c in ((a, b), (b, a)):
             bx.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="cyan", linewidth=1.8))
     bx.set_yticks(range(n), [""] * n)
-    bx.set_xticks(range(n), [node.name for node in cluster.nodes] if n <= 24 else [""] * n, rotation=90, fontsize=7)
+    step = max(1, -(-n // 48))  # every node up to 48, else every step-th: the labels stay legible
+    bx.set_xticks(range(0, n, step), [cluster.nodes[i].name for i in range(0, n, step)], rotation=90,
+                  fontsize=7 if n <= 24 else 5)
+    bx.set_xlabel("node" + (f" (every {step}th labelled)" if step > 1 else ""), fontsize=8)
     notes = [f"{cluster.nodes[a].name}-{cluster.nodes[b].name} {value:.0f} vs {expected:.0f}" for a, b, value, expected
              in pairs[:6]]
     bx.set_title("node-pair bandwidth; cyan = slow pair" + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)

@@ -24,6 +24,8 @@ import statistics
 import time
 from pathlib import Path
 
+from solvers.outputs.files import save_figure_atomic, write_json_atomic
+
 # Shipped instances are looked up in ./instances first, then in the checkout this module runs from.
 INSTANCE_DIRS = [Path("instances"), Path(__file__).resolve().parents[2] / "instances"]
 DEFAULT_INSTANCES = ["small_2x4", "small_4x2", "measured_4", "measured_16", "measured_32", "measured_64", "h100_128",
@@ -210,34 +212,39 @@ def print_table(result: dict, console) -> None:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter
 
     names = list(dict.fromkeys(s["instance"] for s in result["summary"]))
     methods = list(dict.fromkeys(s["method"] for s in result["summary"]))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig = Figure(figsize=(13, 4.5), dpi=110, layout="constrained")
+    left, right = fig.subplots(1, 2)
     width = 0.8 / max(1, len(methods))
+    slowest = 0.0
     for k, method in enumerate(methods):
         rows = {s["instance"]: s for s in result["summary"] if s["method"] == method}
         xs = [i + k * width for i, n in enumerate(names) if n in rows]
+        times = [rows[n]["time_to_1pct_s"] for n in names if n in rows]
+        slowest = max([slowest, *(s for s in times if s is not None)])
         left.bar(xs, [100 * rows[n]["vs_best"] for n in names if n in rows], width, label=method)
-        right.bar(xs, [rows[n]["time_to_1pct_s"] or 0 for n in names if n in rows], width, label=method)
+        right.bar(xs, [s or 0 for s in times], width, label=method)
+        for x, s in zip(xs, times):
+            if s is None:  # never within 1 %: say so rather than draw an empty bar that reads as instant
+                right.text(x, 0, "never", rotation=90, ha="center", va="bottom", fontsize=8)
     for ax, label in ((left, "objective above the best found [%]"), (right, "time to within 1 % of the best [s]")):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=20)
         ax.set_ylabel(label)
-    right.set_yscale("symlog", linthresh=1)
+    if slowest > 2:  # seconds spanning decades: linear below 1 s, logarithmic above, ticks as plain numbers
+        right.set_yscale("symlog", linthresh=1)
+        ticks = [t for t in (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000) if t <= 1.5 * slowest]
+        right.yaxis.set_major_locator(FixedLocator(ticks))
+        right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     left.legend(fontsize=8)
     fig.suptitle(f"planner benchmark (medians; @budget = {result['budget_s']:g} s)")
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure_atomic(fig, path)
 
 
 def _write(result: dict, out: Path) -> list[Path]:
-    from solvers.outputs.files import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     fields = ["instance", "gpus", "method", "seed", "reported", "status", "objective_s", "tokens_per_s", "bound_s", "gap",

@@ -1,6 +1,6 @@
 """Measured training runs (the format of the packaged formulation/data/reference/published_runs.csv) as instances + placements.
 
-Defaults for blank cells (documented in the README, "Validation"):
+Defaults for blank cells (documented in docs/validation.md):
 - kv_heads blank: multi-head attention (kv_heads = heads). MLP: GELU with 2 matrices when ffn = 4 x hidden
   (GPT, MPT, Nemotron's squared ReLU), SwiGLU otherwise. GPT-style runs (GELU) carry dropout.
 - cp, vp, mbs blank: 1. recompute blank: none. zero blank: 1 (Megatron distributed optimizer) for

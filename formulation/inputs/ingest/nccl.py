@@ -1,7 +1,7 @@
 """nccl-tests logs (`all_reduce_perf`, `all_gather_perf`, `reduce_scatter_perf`, `sendrecv_perf`) -> alpha-beta fits.
 
 Why: links deliver what they deliver, not the data sheet (Pipette), and the planner's communication model is
-alpha-beta per GPU in nccl-tests' bus-bandwidth sense (README (C5), (C7)). A log therefore becomes one
+alpha-beta per GPU in nccl-tests' bus-bandwidth sense (docs/model.md (C5), (C7)). A log therefore becomes one
 `LinkFit`: time_us = latency_us + size * factor / (gb_per_s * 1e3), factor the collective's busbw factor
 (all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n, sendrecv 1), so that gb_per_s is the asymptotic
 busbw. If the factor cannot be known (the log lists no ranks and none is given, or the collective cannot be
