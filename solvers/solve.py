@@ -80,7 +80,8 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     # never means waiting for a program that cannot finish. "anneal" anneals the default placements only.
     exact = tractable and method in ("auto", "exact")
     moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES
-    found = search(instance, solver=backend, time_limit_s=time_limit, threads=threads, seed=seed, top=max(1, top),
+    left = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))  # after setup
+    found = search(instance, solver=backend, time_limit_s=left, threads=threads, seed=seed, top=max(1, top),
                    progress=progress, exact=exact, refine=not annealing, anneal_moves=0 if exact else moves,
                    program_limit_s=AUTO_PROGRAM_LIMIT_S if automatic and time_limit is None else None)
     best = found.ranked[0]
@@ -124,8 +125,8 @@ def _search_note(instance, found, method: str, backend: str, exact: bool, tracta
                     f"program needed; {found.pruned} pruned by bound, {found.infeasible} do not fit")
     elif method == "anneal":
         method = "anneal"
-        note = (f"simulated annealing of the default placements of the {found.annealed} best of {found.candidates} "
-                f"configurations that fit ({moves_text} each, seed {seed}), and the global lower bound of "
+        note = (f"simulated annealing ({found.annealed} anneals) of the default placements of the best of "
+                f"{found.candidates} configurations that fit, then of those whose bound beats the incumbent ({moves_text} each, seed {seed}), and the global lower bound of "
                 f"all of them")
     else:
         method = f"bound-only-{backend}"
@@ -134,7 +135,8 @@ def _search_note(instance, found, method: str, backend: str, exact: bool, tracta
             + ("exceeds" if not tractable else "is within") + f" the exact program's reach ({MAX_EXACT_SIZE})")
         note = (f"{reach}: default GPU maps with exactly optimised layer "
                 f"partitions for the {found.examined} most promising of {found.candidates} configurations that "
-                f"fit, annealed placements ({moves_text}) for the {found.annealed} best, and the global "
+                f"fit, {found.annealed} annealed placements ({moves_text}; {found.gap_annealed} of them "
+                f"of configurations whose bound beats the incumbent, in bound order), and the global "
                 f"lower bound of all of them")
     if found.stopped == "interrupted":
         note += "; interrupted (Ctrl-C): the best plan so far, the bound proven so far"

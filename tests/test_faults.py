@@ -27,9 +27,9 @@ pulp = pytest.importorskip("pulp")
 
 
 def _fake_cbc(monkeypatch, path: str) -> None:
-    """Make the CBC backend run `path` instead of PuLP's bundled binary."""
-    real = pulp.COIN_CMD
-    monkeypatch.setattr(pulp, "PULP_CBC_CMD", lambda **kw: real(path=path, **kw))
+    """Make the CBC backend run `path` instead of the installed CBC binary."""
+    from solvers.backends import cbc
+    monkeypatch.setattr(cbc, "cbc_path", lambda: path)
 
 
 def _small():

@@ -1,7 +1,8 @@
 """GPU types, nodes and the network as a GPU-to-GPU bandwidth model.
 
-Bandwidth between two GPUs (GB/s, 1e9 bytes, unidirectional per GPU, as nccl-tests' busbw) is stored at the
-granularity it is known, so that 16,384 GPUs do not need a 16,384^2 matrix:
+Bandwidth between two GPUs (GB/s, 1e9 bytes, per GPU and direction, as nccl-tests' busbw; a pair measured
+one-way runs at its slower direction, see docs/links.md) is stored at the granularity it is known, so that
+16,384 GPUs do not need a 16,384^2 matrix:
 - inside a node: one g x g matrix per node (nominal `intra_node_gb_per_s`, overridden per GPU pair);
 - between nodes: one N x N matrix of per-GPU (per-NIC) bandwidth, nominal `inter_node_gb_per_s`, lowered
   by per-node NIC overrides (a pair runs at the slower of its two ends) and replaced by measured node pairs;
@@ -141,6 +142,22 @@ class Cluster:
     inter_latency_s: float = 15e-6
     nominal_levels: tuple[bool, bool] = (True, True)  # (intra, inter) level figures are nominal, not nccl-tests fits
 
+    def __post_init__(self) -> None:
+        # One semantics for one-way measurements (docs/links.md): a GPU pair runs at the slower of its two
+        # directions, for collectives and pipeline sends alike, because every pair a plan uses carries equal
+        # traffic both ways (activations forward and their gradients back; ring collectives over both ring
+        # directions). Normalising here, once, makes the evaluator, the exact program and the bounds read the
+        # same symmetric figures whichever way round they index a pair.
+        intra = tuple(np.minimum(m, m.T) for m in self.intra_gb_per_s)
+        inter = np.minimum(self.inter_gb_per_s, self.inter_gb_per_s.T)
+        pairs: dict[tuple[int, int], float] = {}
+        for (a, b), value in self.gpu_pair_gb_per_s.items():
+            key = (min(a, b), max(a, b))
+            pairs[key] = min(value, pairs.get(key, value))
+        object.__setattr__(self, "intra_gb_per_s", intra)
+        object.__setattr__(self, "inter_gb_per_s", inter)
+        object.__setattr__(self, "gpu_pair_gb_per_s", pairs)
+
     @cached_property
     def gpu_node(self) -> np.ndarray:
         """Node index of every global GPU index (GPUs numbered node by node in the listed order)."""
@@ -176,7 +193,7 @@ class Cluster:
         return self.gpu_types[self.nodes[self.gpu_node[gpu]].gpu_type]
 
     def bandwidth(self, a: int, b: int) -> float:
-        """GB/s from GPU a to GPU b."""
+        """GB/s between GPUs a and b (the slower direction where measured one-way: see `__post_init__`)."""
         na, nb = self.gpu_node[a], self.gpu_node[b]
         if na == nb:
             return float(self.intra_gb_per_s[na][self.gpu_local[a], self.gpu_local[b]])
@@ -444,8 +461,10 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
             intra[k] = full[lo:hi, lo:hi].copy()
         for a in range(total):
             for b in range(a + 1, total):
-                if node_of_gpu[a] != node_of_gpu[b] and full[a, b] != inter[node_of_gpu[a], node_of_gpu[b]]:
-                    pairs[(a, b)] = float(min(full[a, b], full[b, a]))
+                na, nb = node_of_gpu[a], node_of_gpu[b]
+                slower = min(full[a, b], full[b, a])  # the pair's figure (Cluster.__post_init__)
+                if na != nb and slower != min(inter[na, nb], inter[nb, na]):
+                    pairs[(a, b)] = float(slower)
     for i, item in enumerate(net.items("gpu_pairs", default=[], non_empty=False)):
         ps = Section(item, net.file, f"cluster.network.gpu_pairs[{i}]")
         pair = ps.items("gpus")

@@ -186,7 +186,7 @@ def fast_bound(instance, config: Config, caps: list[int] | None = None, refined:
             at_heavy = whole.dp_part_exposures(i, heavy, whole.inter, 1)
             at_most = whole.dp_part_exposures(i, most, whole.inter, 1)
             loaded = min(loaded, sum(min(x, y) for x, y in zip(at_heavy, at_most)))
-    narrow_h = b.pipeline([b.u] * config.pp) + rest - b.dp_floor() + max(b.dp_floor(), loaded)
+    narrow_h = b.pipeline([b.u] * config.pp) + b.chain() + max(b.dp_floor(), loaded) + fixed
     slow_h = INF
     for s in stages:
         us = [b.u] * config.pp

@@ -125,6 +125,8 @@ def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], l
     candidate level (some stage exactly at q u_i + extra_i) at which they hold all layers: binary search."""
     fixed = fixed or {}
     P = len(us)
+    if not all(math.isfinite(u) for u in us):  # a stage no placement of this kind can run holds no layer
+        return INF
     if sum(fixed.get(i, step) for i in range(P)) > layers or any(fixed.get(i, step) > caps[i] for i in range(P)):
         return INF
     if any(f % step for f in fixed.values()):

@@ -3,20 +3,19 @@
 `FastScorer` holds a complete placement (layer partition + rank-to-GPU permutation) and caches what
 `formulation.evaluate` computes from it: every tensor-parallel group's, context-parallel ring's and data-parallel
 group's links and times, every pipeline pair's send time, and each stage's composed time, exposed data-parallel
-sync, optimizer step, overhead and memory verdict. A move recomputes only the groups and stages it touches and
-recomposes the total with the same functions evaluate() calls (cost.group_links, cost.tp_layer_comm,
-cost.cp_layer_comm, cost.collective_time, cost.p2p_time, stage.layer_time, stage.dp_sync,
-cost.optimizer_step_time, cost.pipeline_time, cost.p2p_chain, evaluate's _slowest_type and _stage_memory), in
-the same order, so the total equals evaluate(...).iteration_time_s (tests/test_annealing.py checks it).
+sync, optimizer step, overhead and memory verdict. A move recomputes only the groups and stages it touches, and
+every number comes from the evaluator's own public functions (formulation/evaluate.py: group_comm for a tp
+group or cp ring, cost.collective_time for a dp group, pipeline_send for a pipeline pair, links_from_groups and
+stage_estimate for a stage, compose_iteration for the iteration), fed with the cached group values: nothing of
+the cost or memory model is repeated here, so the total equals evaluate(...).iteration_time_s by construction
+(tests/test_annealing.py checks it on random walks, and anneal() re-evaluates its result and raises if the two
+ever disagree).
 
 Memoisation is exact: a group's links depend only on its GPU set, and permuting the GPUs inside a uniform class
 (`Cluster.uniform_classes`, refined here so that columns of an asymmetric intra-node matrix match too) is an
 automorphism of the bandwidth model, so links are cached by the multiset of classes of the group's members and
-pipeline sends by the (class, class) pair. Stage types and memory depend only on the GPU types of the stage.
-
-evaluate() composes a stage inline (no helper to call), so `_compose_stage` and `_compose` repeat those lines
-call for call; tests/test_annealing.py compares every proposal with evaluate() to catch any drift, and
-anneal() re-evaluates its result and raises if the two ever disagree.
+pipeline sends by the (class, class) pair. A stage's type and memory depend only on the GPU types of the stage,
+so one GPU of each type stands for them.
 
 Positions: `perm[r]` is the GPU of rank r for r < world; positions world..N-1 hold the spare GPUs (a swap
 with one of them brings a spare GPU in). Protocol: `propose_perm(changes)` or `propose_layers(layers)` returns
@@ -29,16 +28,16 @@ from __future__ import annotations
 import numpy as np
 
 from formulation.physics import cost
-from formulation.evaluate import _slowest_type, _stage_memory
-from formulation.physics.memory import memory_coefficients
-from formulation.space import placement_for
-from formulation.physics.stage import (
-    dp_sync,
-    iteration_time,
-    layer_time,
-    stage_constants,
-    stage_passes,
+from formulation.evaluate import (
+    compose_iteration,
+    group_comm,
+    links_from_groups,
+    pipeline_message,
+    pipeline_send,
+    stage_estimate,
 )
+from formulation.physics.stage import dp_sync_parts
+from formulation.space import placement_for
 
 MEMO_LIMIT = 20_000_000  # group members held in cache keys (about 160 MB) before the caches are dropped
 
@@ -91,11 +90,10 @@ class FastScorer:
         self.type_of = [names.index(self.cluster.nodes[n].gpu_type) for n in self.cluster.gpu_node]
         self.multi_type = len(set(self.type_of)) > 1
         self.rep_gpu = {t: self.type_of.index(t) for t in set(self.type_of)}  # one GPU of every type
-        sp = c.tp if (self.job.sequence_parallel and c.tp > 1) else 1
-        self.p2p_message = cost.activation_message_bytes(self.model, self.job, self.probe) / sp
+        self.p2p_message = pipeline_message(instance, self.probe)
         self.w_bytes, self.g_bytes, self.o_bytes = self.job.bytes_per_param_state
         self._ids, self.links, self._val, self._pair, self._weight = {}, [], {}, {}, 0
-        self._type, self._k, self._fits, self._opt, self._stages = {}, {}, {}, {}, {}
+        self._type, self._stage_links, self._stages = {}, {}, {}
         self.perm = [int(g) for g in perm]
         if len(self.perm) < self.N:  # the rank GPUs only: the other GPUs become spares
             used = set(self.perm)
@@ -130,13 +128,7 @@ class FastScorer:
         key = (kind, gid)
         v = self._val.get(key)
         if v is None:
-            links = self.links[gid]
-            if kind == "tp":
-                v = cost.tp_layer_comm(self.model, self.job, self.probe, links, self.cluster)
-            else:  # cp ring: slowest pair of either level (evaluate's ring())
-                v = cost.cp_layer_comm(self.model, self.job, self.probe, min(links.intra_gb_per_s,
-                                       links.inter_gb_per_s), links.nodes == 1, self.cluster)
-            self._val[key] = v
+            v = self._val[key] = group_comm(self.instance, self.probe, kind, self.links[gid])
         return v
 
     def _collective(self, kind: str, message: float, gid: int) -> float:
@@ -150,71 +142,52 @@ class FastScorer:
         key = (self.class_of[src], self.class_of[dst])
         v = self._pair.get(key)
         if v is None:
-            cl = self.cluster
-            v = self._pair[key] = cost.p2p_time(self.p2p_message, cl.bandwidth(src, dst),
-                                                cl.gpu_node[src] == cl.gpu_node[dst], cl)
+            v = self._pair[key] = pipeline_send(self.cluster, self.p2p_message, src, dst)
         return v
 
     # ---- stages -------------------------------------------------------------------------------------------
     def _stage_type(self, counts) -> tuple:
+        """Key of the stage's GPU types (its pace and memory depend on nothing else of its GPUs)."""
         key = tuple(t for t, n in enumerate(counts) if n) if self.multi_type else (self.type_of[0],)
         if key not in self._type:
-            reps = np.array([self.rep_gpu[t] for t in key])
-            self._type[key] = (_slowest_type(self.cluster, reps, self.model, self.job, self.probe), reps)
+            self._type[key] = np.array([self.rep_gpu[t] for t in key])  # one GPU of every type
         return key
 
-    def _stage_fits(self, i: int, layers: int, tkey: tuple) -> bool:
-        key = (i, layers, tkey)
-        v = self._fits.get(key)
-        if v is None:
-            v = self._fits[key] = _stage_memory(self.instance, self.probe, i, layers, self._type[tkey][1]).fits
-        return v
+    def stage_fits(self, i: int, layers: int, tkey: tuple) -> bool:
+        """Whether stage i, on GPUs of the types `tkey` (its current ones), fits with `layers` layers."""
+        return self._stage(i, layers, tkey, self.tp_max[i], self.cp_max[i], self.dp_ids[i])[4]
 
     def _stage(self, i: int, layers: int, tkey: tuple, tp: float, cp: float, dp_ids: list) -> tuple:
-        """(time per micro-batch, exposed dp sync, optimizer, overhead, fits, slack): evaluate()'s stage
-        composition, memoised on its inputs (dp_ids: the stage's data-parallel groups); slack is a tie-break."""
+        """(time per micro-batch, exposed dp sync, optimizer, overhead, fits, slack, StageEstimate): the
+        evaluator's own stage functions (links_from_groups, stage_estimate) on the cached group values, memoised
+        on their inputs (dp_ids: the stage's data-parallel groups); slack is a tie-break only."""
         key = (i, layers, tkey, tp, cp, tuple(dp_ids))
         out = self._stages.get(key)
         if out is None:
             self._weight += 8 + len(dp_ids)
-            out = self._stages[key] = self._compose_stage(i, layers, tkey, tp, cp, dp_ids)
+            lkey = key[:1] + key[2:]
+            links = self._stage_links.get(lkey)
+            if links is None:
+                links = self._stage_links[lkey] = links_from_groups(
+                    self.instance, self.probe, i, self._type[tkey], tp, cp, tuple(self.links[g] for g in dp_ids))
+            est = stage_estimate(self.instance, self.probe, i, layers, links)
+            overhead = self.cluster.gpu_types[est.gpu_type].iteration_overhead_s
+            out = self._stages[key] = (est.time_per_micro_batch_s, est.dp_exposed_s, est.optimizer_s, overhead,
+                                       est.memory.fits, self._dp_slack(links.constants, layers, dp_ids), est)
         return out
 
-    def _compose_stage(self, i: int, layers: int, tkey: tuple, tp: float, cp: float, dp_ids: list) -> tuple:
-        gpu_type = self._type[tkey][0]
-        k = self._k.get((i, gpu_type.name))
-        if k is None:
-            k = self._k[(i, gpu_type.name)] = stage_constants(self.instance, self.probe, i, gpu_type)
-        ag = rs = 0.0
-        if self.config.zero_stage >= 3 and dp_ids:
-            ag = max(self._collective("all_gather", k.layer_params * self.w_bytes, lk) for lk in dp_ids)
-            rs = max(self._collective("reduce_scatter", k.layer_params * self.g_bytes, lk) for lk in dp_ids)
-        lt = layer_time(k, self.job.tp_comm_overlap, tp, cp, ag, rs)
-        slack = 0.0  # tie-break only: the sum over the stage's dp groups (the time uses their maximum)
+    def _dp_slack(self, k, layers: int, dp_ids: list) -> float:
+        """Sum over the stage's dp groups of their sync (and ZeRO-3 gather) times, where the stage sees only the
+        slowest group: a tie-break that steers plateau moves towards faster groups (not part of the time)."""
+        if not dp_ids:
+            return 0.0
+        parts = [(kind, message) for kind, message, _, _ in dp_sync_parts(self.instance, self.probe, k, layers)]
         if self.config.zero_stage >= 3:
-            slack = sum(self._collective("all_gather", k.layer_params * self.w_bytes, lk)
-                        + self._collective("reduce_scatter", k.layer_params * self.g_bytes, lk) for lk in dp_ids)
-        fwd, bwd = stage_passes(k, lt, layers)
-        group_sums = []
-
-        def slowest(kind: str, message: float) -> float:
-            times = [self._collective(kind, message, lk) for lk in dp_ids]
-            group_sums.append(sum(times))
-            return max(times)
-
-        _, exposed = dp_sync(self.instance, self.probe, k, layers, slowest)
-        slack += sum(group_sums)
-        if i not in self._opt:
-            self._opt[i] = memory_coefficients(self.instance, self.probe, i).optimizer
-        opt_fixed, opt_per_layer = self._opt[i]
-        opt = cost.optimizer_step_time((opt_fixed + opt_per_layer * layers) / self.o_bytes, gpu_type)
-        return (fwd + bwd, exposed, opt, gpu_type.iteration_overhead_s, self._stage_fits(i, layers, tkey), slack)
+            parts += [("all_gather", k.layer_params * self.w_bytes), ("reduce_scatter", k.layer_params * self.g_bytes)]
+        return sum(self._collective(kind, message, lk) for kind, message in parts for lk in dp_ids)
 
     def _compose(self, stages: list, bounds: list, wrap: float) -> float:
-        pipe, _ = cost.pipeline_time([s[0] for s in stages], self.m, self.vpp)
-        chain = cost.p2p_chain(bounds, wrap if self.vpp > 1 else 0.0, self.m, self.pp, self.vpp)
-        return iteration_time(pipe, chain, max(s[1] for s in stages), max(s[2] for s in stages),
-                              max(s[3] for s in stages))  # (C14)
+        return compose_iteration(self.instance, self.probe, [s[6] for s in stages], bounds, wrap)[0]
 
     # ---- full build ---------------------------------------------------------------------------------------
     def rebuild(self) -> None:
@@ -363,6 +336,7 @@ class FastScorer:
         entries, forget every group and stage cached and rebuild the state (exact, like a restart)."""
         if self._weight > MEMO_LIMIT:
             self._ids, self.links, self._val, self._stages, self._weight = {}, [], {}, {}, 0
+            self._stage_links = {}
             self.rebuild()
 
     def placement(self):

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from formulation import InfeasibleError, InputError, evaluate, load_instance
 from formulation.inputs.ingest import summarize
+from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
 from formulation.placement import load_placement
 from solvers import solve
 from solvers.outputs.files import write_json_atomic
@@ -76,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="solver threads")
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
     parser.add_argument("--top", type=int, default=1, metavar="K", help="also report the K best configurations")
+    parser.add_argument("--calibration", metavar="CAL.json", help="your cluster's knobs, fitted on your own runs "
+                        "by 'solve calibrate --runs MINE.csv --output CAL.json' (compute, network, overhead)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
@@ -113,6 +116,8 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
     try:
         instance = load_instance(args.instance)
+        if args.calibration:
+            instance = apply_user_calibration(instance, load_user_calibration(args.calibration))
         for warning in instance.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.

@@ -10,7 +10,7 @@ smallest lower bound of anything not proven, so the gap is honest at any moment,
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from formulation.errors import InfeasibleError
 from formulation.evaluate import Estimate, evaluate
@@ -27,6 +27,7 @@ from formulation.space import (
 from solvers import backends
 from solvers.bounds.configs import cut_bound, lower_bound
 from solvers.local.partition import best_partition
+from solvers.search.close_gap import ANNEAL_MOVES, close_gap  # noqa: F401 (solve() reads ANNEAL_MOVES here)
 
 INF = float("inf")
 
@@ -59,7 +60,8 @@ class SearchResult:
     best_default: Candidate | None = None  # the Megatron-style default placement that is fastest
     stopped: str = ""  # "time limit" or "interrupted" when the search ended early
     errors: list[str] = field(default_factory=list)  # backend failures (configuration: message)
-    annealed: int = 0  # configurations whose placement was annealed
+    annealed: int = 0  # anneals run (a configuration may be annealed in several rounds)
+    gap_annealed: int = 0  # of them, anneals of configurations taken in bound order (close_gap's phase 2)
     started: float = field(default_factory=time.perf_counter)
     history: list = field(default_factory=list)  # (seconds since start, best time) at every improvement
 
@@ -82,10 +84,8 @@ AUTO_PROGRAM_LIMIT_S = 60.0
 # Without the exact program and without --time-limit, time spent (after the enumeration) re-partitioning default maps
 # (solvers/local/partition.py), most promising configurations first.
 BOUND_ONLY_BUDGET_S = 8.0
-# Beyond the exact program, the placements of this many best configurations are annealed (ANNEAL_MOVES
-# proposals each, deterministic per seed): the GPU map matters where links differ (slow NICs, measured pairs).
-ANNEAL_CONFIGURATIONS = 3
-ANNEAL_MOVES = 4000
+# Beyond the exact program, placements are annealed (solvers/search/close_gap.py: ANNEAL_MOVES proposals each without a
+# time limit, deterministic per seed): the GPU map matters where links differ (slow NICs, measured pairs).
 
 
 def exact_is_tractable(instance) -> bool:
@@ -205,8 +205,8 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
     backend = backends.get(solver)
     if not exact:
         now = time.perf_counter()
-        # with a time limit, half of what is left at most, so that annealing gets the other half
-        refine_until = now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 2 if time_limit_s else INF)
+        # with a time limit, a quarter of what is left at most, so that annealing gets the rest
+        refine_until = now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 4 if time_limit_s else INF)
         for cand in candidates if refine else []:
             if cand.lower_bound_s >= _kth_best(candidates, top) * (1 - 1e-9):
                 break
@@ -224,7 +224,8 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
                     cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, better, est
                     _improved(result, cand.estimate.iteration_time_s)
         if anneal_moves != 0:
-            _anneal_best(instance, candidates, result, deadline, seed, top, anneal_moves)
+            close_gap(instance, candidates, result, deadline, seed, top, anneal_moves, _kth_best, _improved,
+                      solver=solver)
         return
     for cand in candidates:
         if cand.lower_bound_s >= _kth_best(candidates, top) * (1 - 1e-9):
@@ -246,6 +247,10 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
         if out.values is not None:
             placement = program.decode(out.values)
             est = evaluate(instance, placement)
+            if out.status == "optimal" and abs(est.iteration_time_s - out.objective_s) > 1e-6 * est.iteration_time_s:
+                # the program did not price its answer as the referee does (to 1e-6): its optimum proves nothing
+                out = replace(out, status="error", message=f"program objective {out.objective_s:.9g} s, evaluator "
+                                                           f"{est.iteration_time_s:.9g} s: not a proof")
             if est.fits and (cand.default_s is None or est.iteration_time_s <= cand.default_s):
                 cand.placement, cand.estimate = placement, est
                 _improved(result, cand.estimate.iteration_time_s)
@@ -268,50 +273,6 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
                 result.stopped = "time limit"
         if progress:
             progress(result.examined, len(candidates), _kth_best(candidates, top), _global_bound(candidates))
-
-
-def _anneal_best(instance, candidates, result, deadline, seed, top, moves) -> None:
-    """Relocate weak nodes (solvers/local/relocate.py), then anneal (solvers/local/annealing.py) the placements of the most
-    promising configurations that their lower bound does not settle: the best placements found so far, and
-    configurations with a lower bound below the incumbent but no fitting default placement (the annealer starts
-    those from a split that fits). `moves` proposals each (None: the time left until the deadline, shared
-    equally, with the annealer's clock-driven schedule); the deadline stops it."""
-    from formulation.errors import InfeasibleError
-
-    from solvers.local.annealing import anneal
-    from solvers.local.relocate import relocate_weak_nodes
-
-    incumbent = min((c.estimate.iteration_time_s for c in candidates if c.estimate is not None), default=INF)
-    open_ = [c for c in candidates if c.lower_bound_s < (c.estimate.iteration_time_s if c.estimate else incumbent)
-             * (1 - 1e-9)]
-    order = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound_s, c.config))
-    order = order[:max(ANNEAL_CONFIGURATIONS, top)]
-    for done, cand in enumerate(order):
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            result.stopped = "time limit"
-            return
-        if cand.placement is not None:
-            moved = relocate_weak_nodes(instance, cand.placement, None if deadline == INF else deadline)
-            if moved.gpus != cand.placement.gpus:
-                est = evaluate(instance, moved)
-                if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
-                    cand.placement, cand.estimate = moved, est
-                    _improved(result, cand.estimate.iteration_time_s)
-            remaining = deadline - time.perf_counter()
-        if moves is None:  # the time budget shared by the configurations still to anneal
-            remaining /= len(order) - done
-        try:
-            found = anneal(instance, cand.config, seed=seed, max_moves=moves,
-                           time_limit_s=None if remaining == INF else remaining, start=cand.placement)
-        except InfeasibleError:  # no split of the default map fits: nothing to start from
-            continue
-        result.annealed += 1
-        if found.estimate.fits and (cand.estimate is None
-                                    or found.estimate.iteration_time_s < cand.estimate.iteration_time_s):
-            cand.placement, cand.estimate = found.placement, found.estimate
-            _improved(result, cand.estimate.iteration_time_s)
-            cand.default_s = min(cand.default_s or INF, found.estimate.iteration_time_s)
 
 
 def _global_bound(candidates: list[Candidate]) -> float:

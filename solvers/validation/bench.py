@@ -1,13 +1,19 @@
 """`solve bench`: the planners side by side on a list of instances and seeds.
 
     solve bench [--instances A.json B.json ...] [--seeds 5] [--budget 10] [--out bench-results] [--quick]
+    solve bench --family irregular|node-matrix [--seeds 3] [--budget 60]
 
 Per instance and method (the Megatron-style default; `auto` without a limit; CBC and CP-SAT (exact where the
 cluster is small enough, else their bound-only search); `auto` and simulated annealing each at the same
 wall-clock budget): best objective, proven lower bound, gap, wall time to the final plan, time to reach
 within 1 % of the best plan any method found on that instance, medians over the seeds. Writes bench.csv
 (one line per run), bench.json (runs and medians) and bench.png (gap and time to 1 % per instance), and
-prints the table. Timings are wall-clock on a shared machine: quote medians, compare within one run.
+prints the table, and for the budgeted runs with a bound how the gap closed over the budget. Timings are
+wall-clock on a shared machine: quote medians, compare within one run.
+
+Methods without a bound (solvers/validation/local_search.py): `local@budget`, a local search over every
+configuration with restarts; `node-sa@budget`, Pipette-style SA over whole nodes of auto@budget's
+configuration (same seed). Families (`--family`): see FAMILIES.
 """
 
 from __future__ import annotations
@@ -29,16 +35,29 @@ QUICK_INSTANCES = ["small_4x2", "measured_16", "h100_128"]
 # the type-blind Megatron default (even split over all GPUs, every stage at its slowest GPU's pace).
 MIXED_INSTANCES = ["a100_h100_64", "mixed_256"]
 MIXED_METHODS = ["default", "largest-island", "best-island", "auto", "cbc", "cpsat"]
+# Families: the irregular 32-64 GPU instances (instances/generate.py --irregular) against a local search at
+# equal wall time, and all-different node-pair matrices against a node-permutation SA given auto's configuration.
+FAMILIES = {
+    "irregular": (sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "instances" / "irregular").glob("*.json"))
+                  + [str(Path(__file__).resolve().parents[2] / "tests" / "repro" / "search_irregular_8x8.json")],
+                  ["auto@budget", "local@budget"]),
+    "node-matrix": (["measured_16", "measured_32", "measured_64"], ["auto@budget", "node-sa@budget"]),
+}
+GAP_TIMES = (0.1, 0.25, 0.5, 1.0)  # fractions of the budget at which the bench reports the gap
 # Beyond this many GPUs the configuration sweep alone outlasts a budget of seconds: only the default and
 # `auto` without a limit run there.
 BUDGET_RUNS_MAX_GPUS = 2048
 
 
-def _run(instance, method: str, seed: int, budget: float) -> dict:
+def _run(instance, method: str, seed: int, budget: float, earlier: dict | None = None) -> dict:
+    """One run; `earlier`: this instance's runs so far by (method, seed) (node-sa takes auto@budget's
+    configuration from there)."""
     from solvers import solve
     from solvers.search.baseline import best_default
 
     started = time.perf_counter()
+    if method in ("local@budget", "node-sa@budget"):
+        return _run_baseline(instance, method, seed, budget, earlier or {})
     if method == "default":
         found = best_default(instance)
         best = found.best[0].estimate.iteration_time_s
@@ -75,7 +94,39 @@ def _run(instance, method: str, seed: int, budget: float) -> dict:
     s = result.solver
     return {"objective_s": s.objective_s, "bound_s": s.bound_s, "gap": s.gap, "wall_s": s.wall_time_s,
             "history": result.history, "status": s.status, "reported": s.method,
-            "tokens_per_s": result.estimate.tokens_per_s}
+            "tokens_per_s": result.estimate.tokens_per_s, "config": list(result.placement.config_key())}
+
+
+def _run_baseline(instance, method: str, seed: int, budget: float, earlier: dict) -> dict:
+    """The baselines without a bound (solvers/validation/local_search.py), at the budget's wall time."""
+    from formulation.space import Config
+
+    from solvers.validation.local_search import local_search, node_sa
+
+    started = time.perf_counter()
+    if method == "local@budget":
+        placement, estimate, history = local_search(instance, budget, seed)
+        reported = "local search, every configuration"
+    else:
+        auto = earlier.get(("auto@budget", seed))
+        if auto is None:
+            raise ValueError("node-sa@budget needs auto@budget before it in --methods (it takes auto's configuration)")
+        found = node_sa(instance, Config(*auto["config"]), budget, seed)
+        placement, estimate, history = found.placement, found.estimate, found.history
+        reported = "node-permutation SA, auto's configuration"
+    return {"objective_s": estimate.iteration_time_s, "bound_s": None, "gap": None,
+            "wall_s": time.perf_counter() - started, "history": history, "status": "feasible",
+            "reported": reported, "tokens_per_s": estimate.tokens_per_s, "config": list(placement.config_key())}
+
+
+def _gap_over_time(run: dict, budget: float) -> list:
+    """The gap to the run's final bound of its best plan at 10 %, 25 %, 50 % and 100 % of the budget (None
+    before its first plan)."""
+    out = []
+    for fraction in GAP_TIMES:
+        seen = [value for t, value in run["history"] if t <= fraction * budget]
+        out.append((min(seen) - run["bound_s"]) / min(seen) if seen and run["bound_s"] is not None else None)
+    return out
 
 
 def _time_to(history: list, target: float) -> float | None:
@@ -103,8 +154,11 @@ def run_bench(names: list[str], seeds: int, budget: float, methods: list[str], p
             for seed in range(1 if method in ("default", "cbc", "cpsat") else seeds):
                 if progress:
                     progress(f"{instance.name}: {method}, seed {seed}")
+                earlier = {(r["method"], r["seed"]): r for r in runs if r["instance"] == instance.name}
                 runs.append({"instance": instance.name, "gpus": instance.cluster.num_gpus, "method": method,
-                             "seed": seed, **_run(instance, method, seed, budget)})
+                             "seed": seed, **_run(instance, method, seed, budget, earlier)})
+                if method.endswith("@budget") and runs[-1]["bound_s"] is not None:
+                    runs[-1]["gap_over_time"] = _gap_over_time(runs[-1], budget)
     best = {}
     for r in runs:
         best[r["instance"]] = min(best.get(r["instance"], float("inf")), r["objective_s"])
@@ -124,7 +178,9 @@ def run_bench(names: list[str], seeds: int, budget: float, methods: list[str], p
                 "vs_best": _median(r["vs_best"] for r in group), "wall_s": _median(r["wall_s"] for r in group),
                 "time_to_1pct_s": _median(r["time_to_1pct_s"] for r in group),
                 "tokens_per_s": _median(r.get("tokens_per_s") for r in group),
-                "optimal": sum(r["status"] == "optimal" for r in group)})
+                "optimal": sum(r["status"] == "optimal" for r in group),
+                "gap_over_time": [_median(r["gap_over_time"][k] for r in group) for k in range(len(GAP_TIMES))]
+                if all("gap_over_time" in r for r in group) else None})
     return {"budget_s": budget, "seeds": seeds, "runs": runs, "summary": summary}
 
 
@@ -145,6 +201,14 @@ def print_table(result: dict, console) -> None:
                       f"{100 * s['vs_best']:+.2f} %", f"{s['wall_s']:.2f}", _fmt(s["time_to_1pct_s"], "{:.2f}"),
                       f"{s['optimal']}/{s['runs']}")
     console.print(table)
+    rows = [s for s in result["summary"] if s.get("gap_over_time")]
+    if rows:
+        over = Table(title="how the gap closes: gap of the best plan so far to the run's final bound (medians)")
+        for col in ("instance", "method", *(f"at {f * result['budget_s']:g} s" for f in GAP_TIMES)):
+            over.add_column(col, justify="left" if col in ("instance", "method") else "right")
+        for s in rows:
+            over.add_row(s["instance"], s["method"], *(_fmt(g and 100 * g, "{:.2f} %") for g in s["gap_over_time"]))
+        console.print(over)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -209,11 +273,18 @@ def main(argv: list[str]) -> int:
                                                          "anneal@budget"])
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where bench.csv/json/png go")
     parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK_INSTANCES)}, 2 seeds, 5 s budget")
+    parser.add_argument("--family", choices=sorted(FAMILIES),
+                        help="irregular: the irregular 32-64 GPU instances, auto@budget vs local@budget (a local "
+                             "search over every configuration at equal wall time); node-matrix: measured_16/32/64, "
+                             "auto@budget vs node-sa@budget (node-permutation SA given auto's configuration)")
     parser.add_argument("--mixed", action="store_true",
                         help=f"mixed GPU types: {', '.join(MIXED_INSTANCES)} with {', '.join(MIXED_METHODS)} "
                              f"(largest-island / best-island: the best plan on the largest island alone / on the "
                              f"best single island; default: type-blind even split over all GPUs)")
     args = parser.parse_args(argv)
+    if args.family:
+        args.instances = args.instances or FAMILIES[args.family][0]
+        args.methods = FAMILIES[args.family][1] if args.methods == parser.get_default("methods") else args.methods
     if args.mixed:
         args.instances = args.instances or MIXED_INSTANCES
         args.methods = MIXED_METHODS if args.methods == parser.get_default("methods") else args.methods

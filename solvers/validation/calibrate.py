@@ -52,10 +52,19 @@ def with_parameters(run: Run, params: dict):
     return dataclasses.replace(inst, cluster=cluster)
 
 
-def _vector_to_params(x: np.ndarray) -> dict:
+def to_params(x: np.ndarray) -> dict:
     """Unconstrained search space: logits for the efficiencies, log for the GFLOP scale."""
     return {"matmul_efficiency": 1 / (1 + math.exp(-x[0])), "efficiency_half_gflop": math.exp(x[1]),
             "attention_efficiency": 1 / (1 + math.exp(-x[2]))}
+
+
+def to_vector(params: dict) -> np.ndarray:
+    """The inverse of `to_params`."""
+    def logit(p: float) -> float:
+        p = min(max(p, 1e-6), 1 - 1e-6)
+        return math.log(p / (1 - p))
+    return np.array([logit(params["matmul_efficiency"]), math.log(params["efficiency_half_gflop"]),
+                     logit(params["attention_efficiency"])])
 
 
 def log_errors(runs: list[Run], params: dict) -> np.ndarray:
@@ -85,11 +94,11 @@ def fit(runs: list[Run]) -> dict[str, dict]:
 
         def objective(z: np.ndarray) -> float:
             x = np.concatenate([z, x0[free:]])
-            return float(np.sum(log_errors(rows, _vector_to_params(x)) ** 2))
+            return float(np.sum(log_errors(rows, to_params(x)) ** 2))
 
         result = minimize(objective, x0[:free], method="Nelder-Mead",
                           options={"maxiter": 600, "xatol": 1e-4, "fatol": 1e-8})
-        params = _vector_to_params(np.concatenate([result.x, x0[free:]]))
+        params = to_params(np.concatenate([result.x, x0[free:]]))
         fitted[key] = {k: round(v, 6) for k, v in params.items()} | {"fitted_on_rows": [r.row for r in rows]}
     return fitted
 

@@ -45,11 +45,11 @@ class Run:
 
     @property
     def group(self) -> tuple:
-        """Comparable runs: same model, GPU type, GPU count and sequence length."""
+        """A sweep group: same model, GPU type, GPU count, sequence length and global batch."""
         if self.instance is None:
             return (self.name,)
         return (self.instance.model.name, self.gpu_type, self.placement.world_size if self.placement else 0,
-                self.instance.training.seq_length)
+                self.instance.training.seq_length, self.instance.training.global_batch_size)
 
 
 def _int(value: str, default: int | None = None) -> int | None:
@@ -137,8 +137,8 @@ def run_from_row(index: int, r: dict) -> Run:
     if gbs % (mbs * dp):
         return skip(f"global batch {gbs} not divisible by micro-batch {mbs} x dp {dp}")
     measured, how = _measured_time(r, instance, n_gpus)
-    if measured is None:
-        return skip(how)
+    if measured is None:  # kept whole: a run that measured out-of-memory is still scored on memory
+        return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
     return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
                   "measured_how": how})
 

@@ -1,7 +1,12 @@
 """`solve validate` (predicted vs measured runs and memory) and `solve calibrate` (fit efficiencies).
 
-    solve validate [--runs FILE.csv] [--memory FILE.csv] [--json] [--plot FILE.png]
-    solve calibrate [--runs FILE.csv] [--write]
+    solve validate [--runs FILE.csv] [--in-sample] [--few-shot] [--calibration CAL.json] [--rows] [--json]
+                   [--write-intervals]
+    solve calibrate --runs MINE.csv --output CAL.json    (three knobs fitted on your own runs)
+    solve calibrate [--write]                             (the packaged per-chip efficiencies)
+
+By default `validate` is leave-one-source-out: each source (paper, repository or document) is predicted with
+parameters fitted on the other sources only. Minimal columns of a runs CSV: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -20,32 +25,16 @@ from formulation.inputs.instance import instance_from_dict
 from formulation.physics.memory import GIB
 from formulation.placement import Placement, even_split
 
+from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
+from formulation.intervals import INTERVALS_PATH
+from solvers.outputs.files import write_json_atomic
+from solvers.validation import crossval, fewshot
 from solvers.validation.calibrate import EXCLUDED, chip_of
+from solvers.validation.crossval import spearman
+from solvers.validation.report import print_few_shot, print_summary
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs
 
 GB = 1e9
-
-
-def _spearman(xs: list[float], ys: list[float]) -> float | None:
-    def ranks(v):
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):  # average ranks of ties
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    if len(xs) < 2:
-        return None
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return num / den if den else None
 
 
 def validate_runs(path: Path) -> dict:
@@ -90,7 +79,7 @@ def _summary(rows: list[dict], groups: dict) -> dict:
             else "_but_ran" if r["predicted_oom"] else "_and_ran")
         confusion[key] += 1
     group_rank = [{"group": list(k), "runs": len(v),
-                   "spearman": _spearman([r["predicted_iter_s"] for r in v], [r["measured_iter_s"] for r in v])}
+                   "spearman": spearman([r["predicted_iter_s"] for r in v], [r["measured_iter_s"] for r in v])}
                   for k, v in groups.items() if len(v) >= 2]
     mem = [abs(r["predicted_peak_memory_gb"] / r["measured_peak_memory_gb"] - 1) for r in scored
            if r["measured_peak_memory_gb"]]
@@ -100,7 +89,7 @@ def _summary(rows: list[dict], groups: dict) -> dict:
         "all_scored": stats(scored),
         "uncalibrated_gpu_types": sorted({r["gpu_type"] for r in scored if not r.get("calibrated")}),
         "skipped": sum(1 for r in rows if r["skipped_reason"]),
-        "spearman_all": _spearman([r["predicted_iter_s"] for r in scored], [r["measured_iter_s"] for r in scored]),
+        "spearman_all": spearman([r["predicted_iter_s"] for r in scored], [r["measured_iter_s"] for r in scored]),
         "groups": group_rank,
         "memory_abs_error_median": statistics.median(mem) if mem else None,
         "oom_confusion": confusion,
@@ -221,35 +210,111 @@ def _plot(result: dict, path: str) -> None:
 
 
 def main(command: str, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"solve {command}", description=__doc__)
-    parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="measured runs CSV (published_runs format)")
+    parser = argparse.ArgumentParser(prog=f"solve {command}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, default=None, help="measured runs CSV (published_runs format; "
+                        "default: the packaged reference runs, torchtitan's included)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     if command == "validate":
+        parser.add_argument("--in-sample", action="store_true", help="the stored calibration (fitted on every "
+                            "source) instead of leave-one-source-out")
+        parser.add_argument("--rows", action="store_true", help="also the per-row table and the older row %% 3 split")
+        parser.add_argument("--few-shot", action="store_true", help="per source with >= 4 runs: calibrate on 2 of "
+                            "its runs (solve calibrate --output), predict the rest")
+        parser.add_argument("--calibration", type=Path, help="a user calibration (solve calibrate --output) to apply")
+        parser.add_argument("--write-intervals", action="store_true", help="store the cross-source residual "
+                            "quantiles as the prediction interval every estimate carries (package data)")
         parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
-        parser.add_argument("--json", action="store_true", help="print JSON {rows, summary, memory}")
-        parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot")
+        parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot (with --rows)")
     else:
-        parser.add_argument("--write", action="store_true", help="rewrite formulation/data/calibration.json")
+        parser.add_argument("--output", type=Path, metavar="CAL.json", help="fit the three user knobs (compute "
+                            "scale, network scale, per-iteration overhead) on --runs and write them here")
+        parser.add_argument("--write", action="store_true", help="refit the per-chip efficiencies on the "
+                            "reference runs and rewrite formulation/data/calibration.json")
     args = parser.parse_args(argv)
-    if not args.runs.is_file():
+    if args.runs is not None and not args.runs.is_file():
         print(f"error: {args.runs}: <root>: file not found", file=sys.stderr)
         return 2
     try:
         if command == "calibrate":
-            from solvers.validation.calibrate import fit, write_calibration
-            fitted = fit(load_runs(args.runs))
-            print(json.dumps(fitted, indent=2))
-            if args.write:
-                write_calibration(fitted)
-            return 0
-        result = validate_runs(args.runs)
-        memory = validate_memory(args.memory) if args.memory and args.memory.is_file() else []
+            return _calibrate(args)
+        return _validate(args)
     except (InputError, KeyError, ValueError) as exc:
-        print(f"error: {args.runs}: {exc}", file=sys.stderr)
+        print(f"error: {args.runs or 'reference runs'}: {exc}", file=sys.stderr)
         return 2
-    if args.plot:
-        _plot(result, args.plot)
+
+
+def _validate(args) -> int:
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 120))
+    runs = crossval.reference_runs() if args.runs is None else load_runs(args.runs)
+    adjust = None
+    if args.calibration:
+        cal = load_user_calibration(args.calibration)
+        adjust = lambda instance: apply_user_calibration(instance, cal)  # noqa: E731
+    # Your own runs file was never part of any fit: the stored calibration predicts it out of sample.
+    in_sample = args.in_sample or args.runs is not None
+    mode = ("stored calibration, fitted on the reference runs" if args.runs is not None else
+            "stored calibration (in-sample)" if args.in_sample else "leave-one-source-out")
+    progress = None if args.json else (lambda k, n, family: print(f"  fold {k}/{n}: {family}", file=sys.stderr))
+    predictions = crossval.cross_validate(runs, in_sample=in_sample, progress=progress, adjust=adjust)
+    summary = crossval.summarize(predictions)
+    few = fewshot.few_shot_table(predictions) if args.few_shot else []
+    if args.write_intervals:
+        path = write_intervals(crossval.log_residuals(predictions), summary, mode)
+        console.print(f"prediction interval written to {path}")
+    rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
+    memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
     if args.json:
-        print(json.dumps({**result, "memory": memory}, indent=2))
-    else:
-        _print(result, memory)
+        print(json.dumps({"mode": mode, "summary": summary, "few_shot": few, "rows": rows, "memory": memory},
+                         indent=2, default=str))
+        return 0
+    if rows:
+        _print(rows, memory)
+        if args.plot:
+            _plot(rows, args.plot)
+    print_summary(summary, mode, console)
+    if few:
+        print_few_shot(few, console)
     return 0
+
+
+def _calibrate(args) -> int:
+    if args.output is None:  # the packaged efficiencies, refitted on the reference runs
+        from solvers.validation.calibrate import fit, write_calibration
+        fitted = fit(load_runs(args.runs or DEFAULT_RUNS))
+        for key, values in fitted.items():
+            print(f"{key}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items() if k != "fitted_on_rows")
+                  + f" (on {len(values['fitted_on_rows'])} runs)")
+        if args.write:
+            write_calibration(fitted)
+            print("written to formulation/data/calibration.json")
+        return 0
+    if args.runs is None:
+        raise InputError(None, "--runs", "--output fits your own runs: give them with --runs FILE.csv")
+    runs = [r for r in load_runs(args.runs) if r.skipped_reason is None]
+    if len(runs) < 2:
+        raise InputError(str(args.runs), "<rows>", f"at least 2 runs with a measured time are needed, got {len(runs)}")
+    cases = [(r.instance, r.placement, r.measured_iter_s) for r in runs]
+    cal, errors = fewshot.leave_one_out(cases, tuple(r.name for r in runs))
+    write_json_atomic(args.output, cal.to_dict())
+    print(f"fitted on {len(runs)} runs of {args.runs}: compute x{cal.compute_scale:.3f}, network "
+          f"x{cal.network_scale:.3f}, +{cal.iteration_overhead_s:.3f} s per iteration")
+    for r, e in zip(runs, errors):
+        print(f"  leave-one-out: row {r.row} ({r.name}) predicted {100 * e:+.1f} %")
+    if cal.leave_one_out_error is not None:
+        print(f"median |error| predicting each run from the others: {100 * cal.leave_one_out_error:.1f} %")
+    print(f"written to {args.output}; apply with --calibration {args.output}")
+    return 0
+
+
+def write_intervals(residuals: list[float], summary: dict, mode: str) -> Path:
+    """Store the p10/p90 of log(predicted / measured) as the interval every estimate carries."""
+    q = statistics.quantiles(residuals, n=10, method="inclusive")
+    write_json_atomic(INTERVALS_PATH, {
+        "_comment": f"Written by `solve validate --write-intervals` ({mode}, {len(residuals)} runs): quantiles of "
+                    "log(predicted / measured iteration time); formulation/intervals.py turns them into p10-p90.",
+        "log_residual_p10": round(q[0], 6), "log_residual_p90": round(q[-1], 6), "runs": len(residuals),
+        "pooled_median_abs_error": summary["pooled"].get("median_abs_error")})
+    return INTERVALS_PATH

@@ -1,0 +1,105 @@
+"""Leave-one-source-out validation is honest (a source's own measurements never reach its prediction),
+few-shot calibration moves the knobs the runs speak for, and every estimate carries its interval."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import REPO, run_solve
+from formulation import default_placement, evaluate, load_instance
+from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration, load_user_calibration
+from solvers.validation import crossval, fewshot
+
+A100_FAMILIES = ("Megatron-LM SC21 paper", "Korthikanti et al. 2022", "Megatron-LM README 2024")
+
+
+@pytest.fixture(scope="module")
+def a100_runs():
+    runs = [r for r in crossval.scored(crossval.reference_runs())
+            if crossval.source_family(r.source) in A100_FAMILIES and r.gpu_type == "a100-sxm-80gb"]
+    # four runs per source keep the folds' fits quick (one parameter below MIN_ROWS_FULL_FIT rows)
+    return [r for family in A100_FAMILIES for r in [r for r in runs if crossval.source_family(r.source) == family][:4]]
+
+
+def test_every_reference_source_has_a_named_family():
+    names = {name for _, name in crossval.FAMILIES}
+    assert {crossval.source_family(r.source) for r in crossval.reference_runs()} <= names
+
+
+def test_a_held_out_source_never_reaches_its_own_prediction(a100_runs):
+    base = {p.run.row: p.iteration_time_s for p in crossval.cross_validate(a100_runs)}
+    # make one source's measurements absurd: its leave-one-source-out predictions must not move
+    target = A100_FAMILIES[1]
+    skewed = [dataclasses.replace(r, measured_iter_s=r.measured_iter_s * 3)
+              if crossval.source_family(r.source) == target else r for r in a100_runs]
+    moved = {p.run.row: p.iteration_time_s for p in crossval.cross_validate(skewed)}
+    held = [r.row for r in a100_runs if crossval.source_family(r.source) == target]
+    assert held and all(moved[row] == pytest.approx(base[row], rel=1e-9) for row in held)
+    # ... while the other sources, whose folds did fit on the skewed rows, do move
+    others = [r.row for r in a100_runs if crossval.source_family(r.source) != target]
+    assert any(abs(moved[row] / base[row] - 1) > 0.01 for row in others)
+
+
+def test_summary_counts_sources_and_pooled(a100_runs):
+    summary = crossval.summarize(crossval.cross_validate(a100_runs, in_sample=True))
+    assert sum(s["runs"] for s in summary["sources"].values()) == summary["pooled"]["runs"] == len(a100_runs)
+    assert all(abs(s["median_error"]) <= s["median_abs_error"] for s in summary["sources"].values())
+
+
+def test_spearman_against_known_values():
+    assert crossval.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert crossval.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert crossval.spearman([1, 2, 3], [1, 1, 1]) is None and crossval.spearman([1], [2]) is None
+
+
+def test_few_shot_recovers_a_slower_cluster(a100_runs):
+    # a cluster 25 % slower in compute than the model thinks: two runs pin it, the rest are then predicted
+    truth = UserCalibration(compute_scale=0.8)
+    runs = sorted(a100_runs, key=lambda r: r.measured_iter_s)[:6]
+    cases = [(r.instance, r.placement, evaluate(apply_user_calibration(r.instance, truth), r.placement,
+                                                check=False).iteration_time_s) for r in runs]
+    cal = fewshot.fit_user_calibration([cases[0], cases[-1]])
+    assert cal.compute_scale == pytest.approx(0.8, abs=0.05)
+    for inst, placement, measured in cases[1:-1]:
+        predicted = evaluate(apply_user_calibration(inst, cal), placement, check=False).iteration_time_s
+        assert predicted == pytest.approx(measured, rel=0.03)
+
+
+def test_calibrate_writes_knobs_that_solve_applies(tmp_path):
+    runs_csv = tmp_path / "mine.csv"
+    lines = (REPO / "formulation" / "data" / "reference" / "published_runs.csv").read_text().splitlines()
+    runs_csv.write_text("\n".join([lines[0]] + [l for l in lines[1:] if "README_8b" in l][:3]) + "\n")
+    out = run_solve("calibrate", "--runs", runs_csv, "--output", tmp_path / "cal.json")
+    assert out.returncode == 0, out.stderr
+    assert "leave-one-out" in out.stdout and "median |error|" in out.stdout
+    cal = load_user_calibration(tmp_path / "cal.json")
+    assert cal.leave_one_out_error is not None and len(cal.fitted_on) >= 2
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({"compute_scale": 0.5}))
+    instance = REPO / "instances" / "small_2x4.json"
+    base = json.loads(run_solve("--instance", instance, "--method", "baseline", "--json").stdout)
+    slowed = json.loads(run_solve("--instance", instance, "--method", "baseline", "--json",
+                                  "--calibration", slow).stdout)
+    assert slowed["estimate"]["iteration_time_s"] > 1.5 * base["estimate"]["iteration_time_s"]
+
+
+def test_validate_handles_a_one_row_file(tmp_path):
+    lines = (REPO / "formulation" / "data" / "reference" / "published_runs.csv").read_text().splitlines()
+    one = tmp_path / "one.csv"
+    one.write_text(lines[0] + "\n" + lines[1] + "\n")
+    out = run_solve("validate", "--runs", one)
+    assert out.returncode == 0 and "Traceback" not in out.stderr and "pooled" in out.stdout
+
+
+def test_every_estimate_carries_the_stored_interval():
+    instance = load_instance(REPO / "instances" / "small_2x4.json")
+    estimate = evaluate(instance, default_placement(instance, tp=1, pp=1, micro_batch_size=1, recompute="none",
+                                                    zero_stage=1))
+    stored = json.loads((REPO / "formulation" / "data" / "intervals.json").read_text())
+    lo, hi = estimate.to_dict()["iteration_time_interval_s"]
+    t = estimate.iteration_time_s
+    assert lo == pytest.approx(t * 2.718281828459045 ** -stored["log_residual_p90"])
+    assert hi == pytest.approx(t * 2.718281828459045 ** -stored["log_residual_p10"]) and lo < hi
