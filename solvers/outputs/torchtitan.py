@@ -61,15 +61,16 @@ def runnable_zero_stages(p: Placement, release: str) -> tuple[int, ...]:
 
 
 def _why_not(p: Placement, release: str) -> str:
+    reasons = []
     if p.zero_stage == 1:
-        reason = "torchtitan has no optimizer-only sharding (Megatron's distributed optimizer)"
-    elif p.cp > 1:
-        reason = ("with context_parallel_degree > 1 torchtitan shards parameters over the cp ranks (its FSDP mesh "
-                  "is dp_shard x cp), so replicated data parallelism is not available")
-    else:
-        reason = (f"torchtitan {release}.x refuses replicate with tp or pp ('DDP has not supported > 1D "
-                  "parallelism'); HSDP (replicate x shard) is the other option it has")
-    return f"the plan's zero_stage {p.zero_stage} cannot run as planned: {reason}"
+        reasons.append("torchtitan has no optimizer-only sharding (Megatron's distributed optimizer)")
+    if p.cp > 1:
+        reasons.append("with context_parallel_degree > 1 torchtitan shards parameters over the cp ranks (its FSDP "
+                       "mesh is dp_shard x cp), so replicated data parallelism is not available")
+    elif release == "0.2" and (p.tp > 1 or p.pp > 1):
+        reasons.append(f"torchtitan {release}.x refuses replicate with tp or pp ('DDP has not supported > 1D "
+                       "parallelism'); HSDP (replicate x shard) is the other option it has")
+    return f"the plan's zero_stage {p.zero_stage} cannot run as planned: " + "; ".join(reasons)
 
 
 def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
@@ -85,7 +86,10 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
     change = est.iteration_time_s / e.iteration_time_s - 1
     note = (f"{_why_not(p, release)}. Mapped to zero_stage {z}, {kind}: {est.iteration_time_s:.3f} s per iteration "
             f"instead of {e.iteration_time_s:.3f} s ({change:+.1%}), peak {est.peak_memory_gib:.1f} GiB per GPU instead "
-            f"of {e.peak_memory_gib:.1f} GiB" + ("" if est.fits else ", OVER the memory limit") + " (formulation.evaluate).")
+            f"of {e.peak_memory_gib:.1f} GiB" + ("" if est.fits else ", OVER the memory limit") + " (formulation.evaluate)")
+    others = [f"zero_stage {other} would take {o.iteration_time_s:.3f} s" + ("" if o.fits else
+              f" and exceed the memory limit by {o.memory_shortfall_gib:.1f} GiB") for o, other in scored if other != z]
+    note += ("; " + "; ".join(others) if others else "") + "."
     return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est, (note,))
 
 
