@@ -371,3 +371,9 @@ def test_very_long_values_and_keys_are_clipped_in_the_error():
     with pytest.raises(InputError) as info:
         build_instance(data)
     assert info.value.field.startswith("training.xxx") and len(str(info.value)) < MAX_LINE
+
+
+def test_yaml_exponents_without_a_dot_or_sign_are_numbers():
+    from formulation.inputs.instance import _parse_yaml
+    assert _parse_yaml("a: 15e12\nb: 1.5e12\nc: 2.5\nd: e12\n", "x.yaml") == {"a": 15e12, "b": 1.5e12, "c": 2.5,
+                                                                              "d": "e12"}

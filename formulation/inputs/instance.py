@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,12 @@ class _StrictYamlLoader(yaml.SafeLoader):
 
 
 _StrictYamlLoader.add_constructor("tag:yaml.org,2002:map", _StrictYamlLoader.construct_strict_map)
+# YAML 1.1 (PyYAML) reads 15e12 and 1.5e12 as strings: it wants a dot and a signed exponent (1.5e+12). Users
+# write token budgets and bandwidths the way JSON and Python do, so those spellings are floats here too.
+_StrictYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def _parse_yaml(text: str, file: str):

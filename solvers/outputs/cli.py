@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="solve", description="Plan LLM training on a GPU cluster: parallel sizes, layer partition and "
                                   "GPU-to-rank map that make an iteration fastest without running out of memory.",
         epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help', "
-               "'solve ingest FILE' (what the planner takes from a measurement or config file). Exit codes: "
+               "'solve ingest FILE' (what the planner takes from a measurement or config file), 'solve sweep --help' "
+               "(what-if sweeps over models, GPU types and cluster sizes). Exit codes: "
                "0 plan found, 1 no feasible plan, 2 bad input.")
     parser.add_argument("--instance", required=True, help="instance file (JSON or YAML): model, training, cluster")
     parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
@@ -89,6 +90,9 @@ def run(argv: list[str]) -> int:
     if argv and argv[0] in ("validate", "calibrate"):
         from solvers.validation import validate
         return validate.main(argv[0], argv[1:])
+    if argv and argv[0] == "sweep":
+        from solvers.sweep import run as sweep
+        return sweep.main(argv[1:])
     if argv and argv[0] == "ingest":
         return _ingest(argv[1:])
     if argv and argv[0] == "bench":
