@@ -89,7 +89,9 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
             f"of {e.peak_memory_gib:.1f} GiB" + ("" if est.fits else ", OVER the memory limit") + " (formulation.evaluate)")
     others = [f"zero_stage {other} would take {o.iteration_time_s:.3f} s" + ("" if o.fits else
               f" and exceed the memory limit by {o.memory_shortfall_gib:.1f} GiB") for o, other in scored if other != z]
-    note += ("; " + "; ".join(others) if others else "") + "."
+    note += ("; " + "; ".join(others) if others else "") + (
+        f'. For a plan torchtitan runs as planned, re-plan with "zero_stage": {list(runnable_zero_stages(p, release))} '
+        'in the instance\'s training section.')
     return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est, (note,))
 
 
