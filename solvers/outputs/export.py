@@ -1,4 +1,4 @@
-"""Launchable outputs of a plan: Megatron-LM arguments, launch scripts (torchrun and Slurm), torchtitan TOML.
+"""Launchable outputs of a plan: Megatron-LM arguments, launch scripts (torchrun and Slurm), torchtitan settings.
 
 `export_plan(instance, plan, out_dir)` writes every file atomically after the group self-check
 (`solvers.outputs.launch.check_groups`) has passed on the launch scripts as rendered, read back from their text.
@@ -13,7 +13,7 @@ from pathlib import Path
 from formulation.placement import Placement
 from solvers.outputs.files import write_json_atomic, write_text_atomic
 from solvers.outputs.report import comment_lines
-from solvers.outputs.torchtitan import torchtitan_toml
+from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_toml
 
 from solvers.outputs.launch import (LaunchMismatch, SlurmLaunch, TorchrunLaunch, check_groups, parse_slurm_files,
                      parse_torchrun_script, slurm_launch, torchrun_launch)
@@ -157,7 +157,7 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = None  # FSDP overlaps better with more than one connection
         notes.append("zero_stage 3 runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
                      "optim_grads_params); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
-                     "--untie-embeddings-and-output-weights; torchtitan.toml expresses it directly")
+                     "--untie-embeddings-and-output-weights; torchtitan_args.sh expresses it directly")
     if job.overlap_grad_reduce and p.dp * p.cp > 1:
         args.append(("--overlap-grad-reduce", None))
         if job.overlap_param_gather and p.zero_stage >= 1:  # Megatron-LM allows it only with overlap-grad-reduce
@@ -188,10 +188,21 @@ def megatron_args_script(instance, plan) -> str:
 
 # ---- launch scripts ----------------------------------------------------------------------------------------
 
+# FRAMEWORK=torchtitan runs `-m torchtitan.train` (a module: its own torchrun flag and array element) with
+# torchtitan's arguments only; its activation-checkpoint subcommand must follow every option, extras included.
 _PREAMBLE = """set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/megatron_args.sh"
-TRAIN_SCRIPT=${TRAIN_SCRIPT:-%s}"""
+if [[ "${FRAMEWORK:-megatron}" == torchtitan ]]; then
+  source "$HERE/torchtitan_args.sh"
+  PROGRAM=(-m "${TORCHTITAN_ENTRY:-torchtitan.train}" "${TORCHTITAN_ARGS[@]}")
+  TAIL=("${TORCHTITAN_SUBCOMMANDS[@]}")
+elif [[ "${FRAMEWORK:-megatron}" == megatron ]]; then
+  source "$HERE/megatron_args.sh"
+  PROGRAM=("${TRAIN_SCRIPT:-%s}" "${MEGATRON_ARGS[@]}")
+  TAIL=()
+else
+  echo "FRAMEWORK must be megatron or torchtitan, not $FRAMEWORK" >&2; exit 2
+fi"""
 
 
 def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
@@ -201,7 +212,8 @@ def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
              "# torchrun (static rendezvous) makes global rank = node_rank x nproc_per_node + local_rank, and local",
              "# rank j drives the j-th GPU of CUDA_VISIBLE_DEVICES: together they realise the plan's rank order.",
              f"# plan: {p.summary()}",
-             "# Usage: [NODE=<this node's name>] [MASTER_ADDR=...] bash launch_torchrun.sh [extra training args]",
+             "# Usage: [FRAMEWORK=megatron|torchtitan] [NODE=<this node's name>] [MASTER_ADDR=...] bash launch_torchrun.sh",
+             "#        [extra training args]",
              _PREAMBLE % TRAIN_SCRIPT,
              f"NNODES={len(launch.nodes)}",
              f"NPROC_PER_NODE={launch.nproc_per_node}",
@@ -217,7 +229,7 @@ def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
               'export CUDA_VISIBLE_DEVICES="$DEVICES"',
               'exec torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --node-rank="$NODE_RANK" \\',
               '  --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \\',
-              '  "$TRAIN_SCRIPT" "${MEGATRON_ARGS[@]}" "$@"']
+              '  "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
     return "\n".join(lines) + "\n"
 
 
@@ -231,7 +243,7 @@ def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
              f"# plan: {p.summary()}",
              "# Usage, inside an allocation of whole nodes (node names are used as host names):",
              f"#   salloc --nodes={len(hosts)} --exclusive --nodelist={','.join(hosts)}",
-             "#   bash launch_slurm.sh [extra training args]",
+             "#   [FRAMEWORK=megatron|torchtitan] bash launch_slurm.sh [extra training args]",
              _PREAMBLE % TRAIN_SCRIPT,
              f"WORLD_SIZE={len(launch.hostfile)}",
              'if [[ "${1:-}" != "--rank" ]]; then',
@@ -253,7 +265,7 @@ def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
               '  echo "launch_slurm.sh: rank $RANK belongs on $HOST but runs on $(hostname -s)" >&2; exit 1',
               "fi",
               'export CUDA_VISIBLE_DEVICES="$DEVICES" RANK WORLD_SIZE LOCAL_RANK="$LOCAL"',
-              'exec python "$TRAIN_SCRIPT" "${MEGATRON_ARGS[@]}" "$@"']
+              'exec python "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
     return "\n".join(launch.hostfile) + "\n", "\n".join(lines) + "\n"
 
 
@@ -265,7 +277,8 @@ _DESCRIPTIONS = {
     "launch_torchrun.sh": "torchrun route: run on every node; per node its --node-rank and CUDA_VISIBLE_DEVICES",
     "launch_slurm.sh": "Slurm route: srun --distribution=arbitrary with ./hostfile, per-rank GPU table",
     "hostfile": "SLURM_HOSTFILE: line r is the host of global rank r",
-    "torchtitan.toml": "torchtitan [training]/[parallelism]/[activation_checkpoint] settings for the same plan",
+    "torchtitan_args.sh": "torchtitan 0.3.x command line (TORCHTITAN_ARGS); FRAMEWORK=torchtitan in the launch scripts",
+    "torchtitan-0.2.toml": "torchtitan 0.2.x [training]/[parallelism]/[activation_checkpoint] settings",
     "schedule.png": "one iteration of the pipeline schedule (Gantt chart, critical path outlined)",
     "memory.png": "memory per GPU of every pipeline stage against the limit and the capacity",
     "cluster.png": "node x GPU grid coloured by pipeline stage, with the inter-node bandwidth matrix and slow links",
@@ -289,12 +302,13 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
     if torchrun is not None:
         files["launch_torchrun.sh"] = torchrun_script(torchrun, p)
         check_groups(instance, p, parse_torchrun_script(files["launch_torchrun.sh"]))
-    files["torchtitan.toml"] = torchtitan_toml(instance, plan)
+    files["torchtitan_args.sh"] = torchtitan_args_script(instance, plan)
+    files["torchtitan-0.2.toml"] = torchtitan_toml(instance, plan)
     written: dict[str, Path] = {}
     write_json_atomic(out / "plan.json", plan.to_dict(instance.cluster))
     written["plan.json"] = out / "plan.json"
     for name, text in files.items():
-        write_text_atomic(out / name, text, executable=name.endswith(".sh") and name != "megatron_args.sh")
+        write_text_atomic(out / name, text, executable=name.startswith("launch_"))
         written[name] = out / name
     if pictures:
         from solvers.outputs.plots import write_pictures

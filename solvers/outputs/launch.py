@@ -8,8 +8,11 @@ A launcher decides which physical GPU runs which global rank:
   a per-rank wrapper then exports LOCAL_RANK and the node's CUDA_VISIBLE_DEVICES permutation.
 
 `check_groups` rebuilds Megatron-LM's tp, cp, dp, dp-with-cp and pp process groups from the launch (global
-ranks and the GPUs the launcher gives them) with Megatron's own group construction, and compares them with
-the groups of the plan taken independently from `Placement.grid`.
+ranks and the GPUs the launcher gives them) and compares them with the groups of the plan taken independently
+from `Placement.grid`. The ranks of each group come from `megatron_rank_groups`, a re-derivation of Megatron's
+`RankGenerator` (importing megatron-core and torch at plan time would cost seconds and a multi-GB dependency);
+tests/test_frameworks_megatron.py checks it against megatron-core's real `RankGenerator` and
+`initialize_model_parallel`, and passes their groups to `check_groups` in its place.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from math import prod
+from typing import Callable
 
 from formulation.placement import Placement
 
@@ -172,8 +176,14 @@ def plan_groups(placement: Placement) -> dict[str, list[tuple[int, ...]]]:
     }
 
 
-def check_groups(instance, placement: Placement, launch: TorchrunLaunch | SlurmLaunch) -> None:
+RankGroups = Callable[[int, int, int, int], dict[str, list[list[int]]]]  # (tp, cp, dp, pp) -> name -> groups
+
+
+def check_groups(instance, placement: Placement, launch: TorchrunLaunch | SlurmLaunch,
+                 rank_groups: RankGroups = megatron_rank_groups) -> None:
     """Raise `LaunchMismatch` unless the launch realises every process group of the plan.
+
+    `rank_groups` gives the global ranks of Megatron's groups (the tests pass megatron-core's own).
 
     tp, cp, dp and dp-cp groups are compared as sets of GPUs (the order inside them changes neither traffic nor
     results); pp groups as sequences, because position k of a pipeline group is stage k and holds its layers.
@@ -186,7 +196,7 @@ def check_groups(instance, placement: Placement, launch: TorchrunLaunch | SlurmL
     if len(set(gpus)) != len(gpus):
         dup = next(g for g in gpus if gpus.count(g) > 1)
         raise LaunchMismatch(f"{kind}: GPU {cluster.gpu_name(dup)} is given to two ranks")
-    built = megatron_rank_groups(placement.tp, placement.cp, placement.dp, placement.pp)
+    built = rank_groups(placement.tp, placement.cp, placement.dp, placement.pp)
     expected = plan_groups(placement)
     for name, rank_groups in built.items():
         realised = [tuple(gpus[r] for r in ranks) for ranks in rank_groups]
