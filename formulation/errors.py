@@ -19,6 +19,8 @@ MAX_ERROR_TEXT = 400
 
 
 def _clip(text: str) -> str:
+    """One line, of bounded length: keys and values from a file may hold line breaks."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
     return text if len(text) <= MAX_ERROR_TEXT else f"{text[:MAX_ERROR_TEXT]}... ({len(text):,} characters)"
 
 

@@ -1,8 +1,8 @@
 """OR-Tools CP-SAT.
 
-CP-SAT takes integers only. Time variables are in the program's unit (1 us); here they are scaled by
-10^e so that the largest time constant of the program becomes at most 1e9 integer units (e chosen per
-program, at most 6, i.e. picoseconds), and every time constant is rounded to the nearest unit. Larger
+CP-SAT takes integers only. Time variables are in the program's unit (1 us); here they are scaled by the
+largest integer (at most 10^6, i.e. picoseconds) that keeps the largest time constant of the program at most
+1e9 integer units, and every time constant is rounded to the nearest unit. Larger
 magnitudes overflow CP-SAT's presolve (it multiplies coefficients when it substitutes equalities and then
 reports a feasible model infeasible: seen at 1e10). Rounding moves each constraint by half a unit, about
 1e-9 of the largest constant; the objective therefore matches the exact program to about 1e-7 relative,
@@ -24,7 +24,8 @@ RELATIVE_GAP = 1e-8
 
 
 def time_scale(program) -> int:
-    """Integer units per program time unit: 10^e with the largest time constant <= MAX_SCALED_CONSTANT.
+    """Integer units per program time unit: the largest scale (at most 10^6) that keeps every time constant
+    <= MAX_SCALED_CONSTANT.
 
     Constants are the right-hand sides and the coefficients of binaries in rows with time variables: what
     presolve multiplies. The time variables' upper bounds are domains, not coefficients (unbounded ones get
@@ -35,7 +36,8 @@ def time_scale(program) -> int:
     for terms, _, rhs, _ in program.rows:
         if any(cont[i] for i in terms):
             largest = max(largest, abs(rhs), *(abs(c) for i, c in terms.items() if not cont[i]))
-    return int(10 ** max(0, min(6, math.floor(math.log10(MAX_SCALED_CONSTANT / largest)))))
+    # any integer will do, not only a power of ten: the finest that keeps the constants in range
+    return max(1, min(10**6, math.floor(MAX_SCALED_CONSTANT / largest)))
 
 
 def available() -> bool:
