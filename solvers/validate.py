@@ -20,32 +20,11 @@ from formulation.instance import instance_from_dict
 from formulation.memory import GIB
 from formulation.placement import Placement, even_split
 
-from .calibrate import EXCLUDED, chip_of
+from .calibrate import chip_of, excluded_reason
+from .crossval import cross_validate, spearman  # noqa: F401  (cross_validate: library API)
 from .runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs
 
 GB = 1e9
-
-
-def _spearman(xs: list[float], ys: list[float]) -> float | None:
-    def ranks(v):
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):  # average ranks of ties
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    if len(xs) < 2:
-        return None
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return num / den if den else None
 
 
 def validate_runs(path: Path) -> dict:
@@ -56,13 +35,13 @@ def validate_runs(path: Path) -> dict:
                 "predicted_peak_memory_gb": None, "predicted_oom": None, "measured_oom": run.measured_oom,
                 "measured_peak_memory_gb": run.measured_peak_memory_gb, "skipped_reason": run.skipped_reason,
                 "split": "test" if is_test_row(run.row) else "fit"}
-        if run.skipped_reason is None and run.row in EXCLUDED and path == DEFAULT_RUNS:
-            item["skipped_reason"] = f"excluded: {EXCLUDED[run.row]}"
+        if run.skipped_reason is None and excluded_reason(run):
+            item["skipped_reason"] = f"excluded: {excluded_reason(run)}"
         if run.skipped_reason is None:
             est = evaluate(run.instance, run.placement, check=False)
             capacity = min(m.memory.capacity_gib for m in est.stages)
             item.update(predicted_iter_s=est.iteration_time_s,
-                        relative_error=est.iteration_time_s / run.measured_iter_s - 1,
+                        relative_error=est.iteration_time_s / run.measured_iter_s - 1 if run.measured_iter_s else None,
                         predicted_peak_memory_gb=est.peak_memory_gib * GIB / GB,
                         predicted_oom=est.peak_memory_gib > capacity,
                         calibrated=chip_of(run.gpu_type) is not None)
@@ -90,7 +69,7 @@ def _summary(rows: list[dict], groups: dict) -> dict:
             else "_but_ran" if r["predicted_oom"] else "_and_ran")
         confusion[key] += 1
     group_rank = [{"group": list(k), "runs": len(v),
-                   "spearman": _spearman([r["predicted_iter_s"] for r in v], [r["measured_iter_s"] for r in v])}
+                   "spearman": spearman([r["predicted_iter_s"] for r in v], [r["measured_iter_s"] for r in v])}
                   for k, v in groups.items() if len(v) >= 2]
     mem = [abs(r["predicted_peak_memory_gb"] / r["measured_peak_memory_gb"] - 1) for r in scored
            if r["measured_peak_memory_gb"]]
@@ -100,7 +79,7 @@ def _summary(rows: list[dict], groups: dict) -> dict:
         "all_scored": stats(scored),
         "uncalibrated_gpu_types": sorted({r["gpu_type"] for r in scored if not r.get("calibrated")}),
         "skipped": sum(1 for r in rows if r["skipped_reason"]),
-        "spearman_all": _spearman([r["predicted_iter_s"] for r in scored], [r["measured_iter_s"] for r in scored]),
+        "spearman_all": spearman([r["predicted_iter_s"] for r in scored], [r["measured_iter_s"] for r in scored]),
         "groups": group_rank,
         "memory_abs_error_median": statistics.median(mem) if mem else None,
         "oom_confusion": confusion,
