@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
     parser.add_argument("--top", type=int, default=1, metavar="K", help="also report the K best configurations")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--calibration", metavar="CAL.json", help="apply a few-shot calibration written by "
+                                                                 "'solve calibrate --output' (compute, network, overhead)")
     return parser
 
 
@@ -89,6 +91,9 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
     try:
         instance = load_instance(args.instance)
+        if args.calibration:
+            from .user_calibration import apply_calibration, load_calibration
+            instance = apply_calibration(instance, load_calibration(args.calibration))
         # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.
         console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
         if args.evaluate:
