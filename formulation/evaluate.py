@@ -9,11 +9,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import cost
-from .memory import StageMemory, memory_coefficients, stage_memory
-from .placement import Placement, check_placement
-from .stage import dp_sync as stage_dp_sync
-from .stage import iteration_time, layer_time, stage_constants, stage_passes
+from formulation.physics import cost
+from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
+from formulation.intervals import prediction_interval
+from formulation.placement import Placement, check_placement
+from formulation.physics.stage import dp_sync as stage_dp_sync
+from formulation.physics.stage import iteration_time, layer_time, stage_constants, stage_passes
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,14 @@ class Estimate:
                 "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu, "breakdown": dict(self.breakdown),
                 "num_micro_batches": self.num_micro_batches, "critical_stage": self.critical_stage,
                 "p2p_boundary_s": list(self.p2p_boundary_s),
-                "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages}
+                "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages,
+                "iteration_time_interval_s": self.iteration_time_interval_s}
+
+    @property
+    def iteration_time_interval_s(self) -> list[float] | None:
+        """p10-p90 of what such a run measures, from the cross-source residuals (formulation/intervals.py)."""
+        interval = prediction_interval(self.iteration_time_s)
+        return list(interval) if interval else None
 
 
 def _slowest_type(cluster, gpus: np.ndarray, model, job, p):
@@ -94,37 +102,62 @@ def _max_group(groups: np.ndarray, fn) -> float:
 @dataclass(frozen=True)
 class StageLinks:
     """What a stage's GPUs decide about its time, independent of its layer count: the GPU type it runs at,
-    its constants and one layer's time with its slowest tp / cp / ZeRO-3 groups, and its dp groups' links."""
+    its constants and one layer's time with its slowest tp / cp / ZeRO-3 groups, its dp groups' links, and
+    its GPUs (their types decide its memory)."""
 
     gpu_type: object
     constants: object  # StageConstants
     layer: object  # LayerTime
     dp_links: tuple
+    gpus: object = None  # np.ndarray of GPU indices
 
 
 def stage_links(instance, p: Placement, i: int) -> StageLinks:
     """(C6), (C8), (C12) for stage i of `p` (its GPUs are p.grid[i]); the layer count does not enter."""
     model, job, cluster = instance.model, instance.training, instance.cluster
-    gpus = p.stage_gpus(i)
+    # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
+    tp = _max_group(p.tp_groups(i), lambda g: group_comm(
+        instance, p, "tp", cost.group_links(cluster, g))) if p.tp > 1 else 0.0
+    cp = _max_group(p.cp_groups(i), lambda g: group_comm(
+        instance, p, "cp", cost.group_links(cluster, g))) if p.cp > 1 else 0.0
+    dp_links = tuple(cost.group_links(cluster, g) for g in p.dp_cp_groups(i)) if p.dp * p.cp > 1 else ()
+    return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links)
+
+
+def group_comm(instance, p: Placement, kind: str, links) -> float:
+    """Forward communication per layer of one tp group (C6) or cp ring (C8, its slowest pair of either level)
+    with these links (cost.group_links of its GPUs)."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    if kind == "tp":
+        return cost.tp_layer_comm(model, job, p, links, cluster)
+    return cost.cp_layer_comm(model, job, p, min(links.intra_gb_per_s, links.inter_gb_per_s), links.nodes == 1,
+                              cluster)
+
+
+def pipeline_message(instance, p: Placement) -> float:
+    """Bytes one pipeline send carries (a micro-batch's activations, split by tp under sequence parallelism)."""
+    sp = p.tp if (instance.training.sequence_parallel and p.tp > 1) else 1
+    return cost.activation_message_bytes(instance.model, instance.training, p) / sp
+
+
+def pipeline_send(cluster, message: float, src: int, dst: int) -> float:
+    """(C10) One send of `message` bytes from GPU src to GPU dst."""
+    return cost.p2p_time(message, cluster.bandwidth(int(src), int(dst)), cluster.gpu_node[src] == cluster.gpu_node[dst],
+                         cluster)
+
+
+def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float, dp_links: tuple) -> StageLinks:
+    """Stage i from what its groups measure: the forward communication of its slowest tp group and cp ring
+    and the links of its dp groups; `gpus` are its GPUs (any GPUs of the same GPU types give the same)."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
     gpu_type = _slowest_type(cluster, gpus, model, job, p)
     k = stage_constants(instance, p, i, gpu_type)
-    # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
-    tp = _max_group(p.tp_groups(i), lambda g: cost.tp_layer_comm(
-        model, job, p, cost.group_links(cluster, g), cluster)) if p.tp > 1 else 0.0
-    cp = 0.0
-    if p.cp > 1:
-        def ring(g):
-            links = cost.group_links(cluster, g)
-            return cost.cp_layer_comm(model, job, p, min(links.intra_gb_per_s, links.inter_gb_per_s),
-                                      links.nodes == 1, cluster)
-        cp = _max_group(p.cp_groups(i), ring)
-    dp_links = tuple(cost.group_links(cluster, g) for g in p.dp_cp_groups(i)) if p.dp * p.cp > 1 else ()
     w_bytes, g_bytes, _ = job.bytes_per_param_state
     ag = rs = 0.0
     if p.zero_stage >= 3 and dp_links:
         ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster) for lk in dp_links)
-    return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs), dp_links)
+    return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs), dp_links, gpus)
 
 
 def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLinks | None = None) -> StageEstimate:
@@ -144,7 +177,20 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
         tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
-        memory=_stage_memory(instance, p, i, layers, p.stage_gpus(i)))
+        memory=_stage_memory(instance, p, i, layers, sl.gpus))
+
+
+def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -> tuple[float, float, int, float]:
+    """(C9), (C10), (C14): the iteration from its stages (StageEstimate) and the slowest send across each
+    pipeline boundary (`wrap`: last stage to first, interleaved schedules only). Returns the iteration time,
+    the schedule's time, its critical stage and the send/receive chain."""
+    m = p.num_micro_batches(instance.training.global_batch_size)
+    pipe, k = cost.pipeline_time([s.time_per_micro_batch_s for s in stages], m, p.vpp)
+    chain = cost.p2p_chain(boundaries, wrap if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
+    overhead = max(instance.cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
+    total = iteration_time(pipe, chain, max(s.dp_exposed_s for s in stages), max(s.optimizer_s for s in stages),
+                           overhead)  # (C14)
+    return total, pipe, k, chain
 
 
 def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
@@ -153,24 +199,21 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         check_placement(instance, placement, "<placement>")
     model, job, cluster, p = instance.model, instance.training, instance.cluster, placement
     m = p.num_micro_batches(job.global_batch_size)
-    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
     stages = [stage_estimate(instance, p, i, layers) for i, layers in enumerate(p.layers_per_stage)]
     # (C9) schedule, (C10) p2p chain
     times = [s.time_per_micro_batch_s for s in stages]
-    pipe, k = cost.pipeline_time(times, m, p.vpp)
-    message = cost.activation_message_bytes(model, job, p) / sp
+    message = pipeline_message(instance, p)
 
     def boundary(a: int, b: int) -> float:
         src, dst = p.stage_gpus(a), p.stage_gpus(b)
-        return max(cost.p2p_time(message, cluster.bandwidth(int(x), int(y)),
-                                 cluster.gpu_node[x] == cluster.gpu_node[y], cluster) for x, y in zip(src, dst))
+        return max(pipeline_send(cluster, message, x, y) for x, y in zip(src, dst))
 
     boundaries = [boundary(j, j + 1) for j in range(p.pp - 1)]
-    chain = cost.p2p_chain(boundaries, boundary(p.pp - 1, 0) if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
+    total, pipe, k, chain = compose_iteration(instance, p, stages, boundaries,
+                                              boundary(p.pp - 1, 0) if p.vpp > 1 else 0.0)
     dp_exposed = max(s.dp_exposed_s for s in stages)
     optimizer = max(s.optimizer_s for s in stages)
     overhead = max(cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
-    total = iteration_time(pipe, chain, dp_exposed, optimizer, overhead)  # (C14)
     crit = stages[k]
     breakdown = {
         "compute_s": m * crit.compute_s,

@@ -6,14 +6,13 @@ Ranks follow Megatron-LM's default order `tp-cp-dp-pp` (tp varies fastest):
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
 import numpy as np
 
-from .errors import InputError, Section
-from .job import RECOMPUTE_CHOICES, ZERO_STAGES
+from formulation.errors import InputError, Section
+from formulation.inputs.job import RECOMPUTE_CHOICES, ZERO_STAGES
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,12 @@ class Placement:
 
     def config_key(self) -> tuple:
         return (self.tp, self.pp, self.cp, self.dp, self.vpp, self.micro_batch_size, self.recompute, self.zero_stage)
+
+    def summary(self) -> str:
+        """The choices on one line, in the ecosystem's words."""
+        return (f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp} vpp={self.vpp} "
+                f"micro_batch_size={self.micro_batch_size} recompute={self.recompute} zero_stage={self.zero_stage} "
+                f"layers_per_stage={list(self.layers_per_stage)}")
 
     def to_dict(self, cluster=None) -> dict:
         out = asdict(self)
@@ -190,12 +195,10 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
 
 
 def load_placement(path, instance) -> Placement:
-    from .instance import read_document
+    from formulation.inputs.instance import read_document
     data = read_document(path)
     if "placement" in data and isinstance(data["placement"], dict):  # a plan file: take its placement
         data = data["placement"]
     return placement_from_dict(data, instance, str(path))
 
 
-def placement_json(p: Placement, cluster) -> str:
-    return json.dumps(p.to_dict(cluster), indent=2)

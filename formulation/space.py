@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
-from .memory import memory_coefficients, stage_memory
-from .placement import Placement
+from formulation.physics.memory import memory_coefficients, stage_memory
+from formulation.placement import Placement
 
 
 @dataclass(frozen=True, order=True)
@@ -25,8 +26,10 @@ class Config:
                 f"recompute={self.recompute} zero={self.zero_stage}")
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int) -> list[int]:
+    """In increasing order, in O(sqrt n): batch sizes can be large."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
@@ -41,13 +44,13 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
     world = world_size or cluster.num_gpus
     gpus_per_node = min(n.num_gpus for n in cluster.nodes)
     max_tp = min(gpus_per_node, job.max_tensor_parallel_size or gpus_per_node)
-    for tp in _divisors(world):
+    for tp in divisors(world):
         if tp > max_tp or model.num_attention_heads % tp or model.num_kv_heads % tp:
             continue
         for cp in job.context_parallel_sizes:
             if (world // tp) % cp or job.seq_length % cp:
                 continue
-            for pp in _divisors(world // (tp * cp)):
+            for pp in divisors(world // (tp * cp)):
                 if pp > model.num_layers:
                     continue
                 yield from schedules(instance, tp, pp, cp, world // (tp * cp * pp))
@@ -60,9 +63,10 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
     model, job = instance.model, instance.training
     if job.global_batch_size % dp:
         return
-    for mbs in range(1, job.max_micro_batch_size + 1):
-        if job.global_batch_size % (mbs * dp):
-            continue
+    # a micro-batch divides the replica's batch: enumerate its divisors, not every size up to the limit
+    for mbs in divisors(job.global_batch_size // dp):
+        if mbs > job.max_micro_batch_size:
+            break
         m = job.global_batch_size // (mbs * dp)
         for vpp in job.virtual_pipeline_sizes:
             # interleaving: some partition into whole chunks of vpp layers per stage must exist

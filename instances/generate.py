@@ -7,10 +7,10 @@ H100: ~450 GB/s NVLink per direction, NDR 400G InfiniBand ~48 GB/s per NIC) with
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 from pathlib import Path
+
+from solvers.outputs.files import write_json_atomic
 
 HERE = Path(__file__).resolve().parent
 
@@ -157,6 +157,51 @@ def small_matrix(nodes: int, gpus: int, seed: int = 11) -> dict:
         {"inter_node_gb_per_s": 25.0, "node_matrix_gb_per_s": matrix})
 
 
+def irregular(nodes: int, gpus: int, seed: int) -> dict:
+    """The irregular family of `solve bench --family irregular` (32-64 GPUs): A100-40GB nodes in two leaf blocks
+    (node pairs ~38-50 GB/s per NIC inside a block, ~18-30 across, every pair its own figure), a third of the
+    nodes with a slow NIC (7-12 GB/s), one congested node pair (2-5 GB/s), one node with slower NVLink
+    (100-150 GB/s) and one slow NVLink GPU pair (60-90 GB/s) on another; a 3B GPT-style model. Seeded."""
+    rng = random.Random(seed * 1000 + nodes * 10 + gpus)
+    names = [f"r{i:02d}" for i in range(nodes)]
+    block = [2 * i // nodes for i in range(nodes)]
+    matrix = [[0.0] * nodes for _ in range(nodes)]
+    for i in range(nodes):
+        for j in range(i + 1, nodes):
+            low, high = (38.0, 50.0) if block[i] == block[j] else (18.0, 30.0)
+            matrix[i][j] = matrix[j][i] = round(rng.uniform(low, high), 3)
+    slow = rng.sample(range(nodes), max(1, nodes // 3))
+    per_node = [{"node": names[i], "inter_node_gb_per_s": round(rng.uniform(7.0, 12.0), 3)} for i in sorted(slow)]
+    nvlink, pair_node = rng.sample(range(nodes), 2)
+    per_node.append({"node": names[nvlink], "intra_node_gb_per_s": round(rng.uniform(100.0, 150.0), 3)})
+    a, b = rng.sample(range(nodes), 2)
+    return {
+        "name": f"irregular_{nodes}x{gpus}_s{seed}",
+        "description": f"{nodes} nodes x {gpus} A100-40GB GPUs, seed {seed}: two leaf blocks, every node pair its "
+                       f"own bandwidth, slow NICs on {len(slow)} nodes, a congested pair, a slower NVLink node "
+                       f"and a slow NVLink GPU pair (the irregular benchmark family)",
+        "model": {"num_hidden_layers": 28, "hidden_size": 3072, "intermediate_size": 12288,
+                  "num_attention_heads": 24, "num_key_value_heads": 24, "vocab_size": 50257, "hidden_act": "gelu",
+                  "tie_word_embeddings": True},
+        "training": {"global_batch_size": 4 * nodes * gpus, "seq_length": 4096,
+                     "recompute": ["none", "selective", "full"], "zero_stage": [0, 1], "max_micro_batch_size": 4,
+                     "context_parallel_sizes": [1, 2], "virtual_pipeline_sizes": [1, 2]},
+        "cluster": {
+            "gpu_types": {"a100": {"preset": "a100-sxm-40gb"}},
+            "nodes": [{"name": n, "gpu_type": "a100", "gpus": gpus} for n in names],
+            "network": {"intra_node_gb_per_s": 300.0, "inter_node_gb_per_s": 50.0, "node_matrix_gb_per_s": matrix,
+                        "nodes": per_node,
+                        "node_pairs": [{"nodes": [names[a], names[b]], "gb_per_s": round(rng.uniform(2.0, 5.0), 3)}],
+                        "gpu_pairs": [{"gpus": [f"{names[pair_node]}:0", f"{names[pair_node]}:1"],
+                                       "gb_per_s": round(rng.uniform(60.0, 90.0), 3)}]},
+        },
+    }
+
+
+# the irregular benchmark family: 32 and 64 GPUs, three seeds each (instances/irregular/)
+IRREGULAR_FAMILY = [(nodes, gpus, seed) for nodes, gpus in ((4, 8), (8, 8)) for seed in (1, 2, 3)]
+
+
 def _mixed(name: str, description: str, model: str, training: dict, pods: list[tuple[str, str, int]],
            spine_gb_per_s: float) -> dict:
     """Pods of one GPU type each (name prefix, catalog type, node count), 8 GPUs a node, bought in different
@@ -190,7 +235,7 @@ def _mixed(name: str, description: str, model: str, training: dict, pods: list[t
 
 
 def a100_h100_64() -> dict:
-    """4 DGX H100 + 4 DGX A100-80GB nodes: the two-purchase cluster of issue 7."""
+    """4 DGX H100 + 4 DGX A100-80GB nodes: two purchases of different GPU generations."""
     return _mixed(
         "a100_h100_64",
         "Llama-3 70B, sequence 4096, global batch 256 sequences (1M tokens per step) on 4 DGX H100 nodes and 4 "
@@ -224,19 +269,20 @@ BUILDERS = {"small_4x2": lambda: small_matrix(4, 2), "small_2x4": lambda: small_
 
 
 def write(name: str, data: dict, out_dir: Path) -> Path:
-    """Write atomically (temporary file + rename) so a reader never sees half a file."""
-    path = out_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(out_dir / f"{name}.json", data, indent=1)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", default=sorted(BUILDERS), help="instances to write (default: all)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
+    parser.add_argument("--irregular", action="store_true", help="write the irregular family into instances/irregular/")
     args = parser.parse_args(argv)
+    if args.irregular:
+        for nodes, gpus, seed in IRREGULAR_FAMILY:
+            data = irregular(nodes, gpus, seed)
+            print(write(data["name"], data, args.out_dir / "irregular"))
+        return
     for name in args.names:
         print(write(name, BUILDERS[name](), args.out_dir))
 

@@ -71,8 +71,8 @@ def write_instance(tmp_path: Path, data: dict, name: str = "instance.json") -> P
 
 
 def run_solve(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`solve ARGS` as a subprocess (`python -m solvers.cli`), from the repository root."""
-    return subprocess.run([sys.executable, "-m", "solvers.cli", *map(str, args)], cwd=REPO, capture_output=True,
+    """`solve ARGS` as a subprocess (`python -m solvers.outputs.cli`), from the repository root."""
+    return subprocess.run([sys.executable, "-m", "solvers.outputs.cli", *map(str, args)], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -1,4 +1,4 @@
-"""Simulated annealing (solvers/annealing.py) and its incremental scorer (solvers/fast_score.py).
+"""Simulated annealing (solvers/local/annealing.py) and its incremental scorer (solvers/local/fast_score.py).
 
 The scorer must equal evaluate() on every proposal, accepted or not; annealing must be deterministic per seed,
 never return a placement that does not fit, never beat brute force (it is a heuristic) and usually match it.
@@ -18,7 +18,8 @@ from conftest import H100_128, build_instance, small_instance_dict
 from formulation import InfeasibleError, evaluate, load_instance
 from formulation.placement import check_placement
 from formulation.space import Config, configurations, placement_for
-from solvers.annealing import _Moves, anneal, start_scorer
+from solvers.local.annealing import anneal, start_scorer
+from solvers.local.moves import Moves
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +64,12 @@ def asymmetric_dict() -> dict:
     return data
 
 
-def walk(instance, config: Config, steps: int, seed: int = 0, check_every: int = 1) -> int:
+def walk(instance, config: Config, steps: int, seed: int = 0, check_every: int = 1, node_only: bool = False) -> int:
     """Random moves with random acceptance; every checked proposal, accepted or not, must score as evaluate()
     does (None exactly when it does not fit). Returns the number of proposals checked."""
     rng = np.random.default_rng(seed)
     sc = start_scorer(instance, config)
-    moves = _Moves(sc, rng)
+    moves = Moves(sc, rng, node_only=node_only)
     checked = 0
     for step in range(steps):
         out = moves.propose()
@@ -102,6 +103,45 @@ def test_scorer_equals_evaluate_h100(h100):
     for k, config in enumerate(configs):
         assert config in set(configurations(h100))
         assert walk(h100, config, 200, seed=k, check_every=5) >= 30
+
+
+@pytest.mark.parametrize("make", [irregular_dict, mixed_types_dict, asymmetric_dict])
+def test_scorer_equals_evaluate_on_random_placements(make):
+    """A scorer built on a random GPU map and a random split scores it as evaluate() does (fits or not)."""
+    from solvers.local.fast_score import FastScorer
+
+    instance = build_instance(make())
+    rng = random.Random(5)
+    configs = list(configurations(instance))
+    n, L = instance.cluster.num_gpus, instance.model.num_layers
+    compared = 0
+    for config in rng.sample(configs, min(25, len(configs))):
+        units = L // config.vpp
+        if L % config.vpp or units < config.pp:
+            continue
+        cuts = sorted(rng.sample(range(1, units), config.pp - 1))
+        layers = [config.vpp * (b - a) for a, b in zip([0] + cuts, cuts + [units])]
+        perm = rng.sample(range(n), n)
+        sc = FastScorer(instance, config, layers, perm)
+        est = evaluate(instance, sc.placement())
+        assert sc.fits == est.fits
+        assert sc.total == pytest.approx(est.iteration_time_s, rel=1e-12, abs=0), config
+        compared += 1
+    assert compared >= 10
+
+
+def test_node_moves_score_as_evaluate_and_move_whole_nodes(h100):
+    """Pipette's node moves (swap, insert, segment-reverse over the node order) score as evaluate() does, and
+    a node-only anneal keeps every node's GPUs together: each node's ranks are served by one node."""
+    config = Config(4, 4, 1, 8, 1, 1, "selective", 1)
+    assert walk(h100, config, 300, seed=3, check_every=3, node_only=True) >= 50
+    result = anneal(h100, config, seed=1, max_moves=600, node_only=True)
+    cl = h100.cluster
+    for start in range(0, len(result.placement.gpus), 8):  # default map: 8 consecutive ranks per node
+        block = result.placement.gpus[start:start + 8]
+        assert len({int(cl.gpu_node[g]) for g in block}) == 1
+        assert [int(cl.gpu_local[g]) for g in block] == list(range(8))
+    assert result.estimate.iteration_time_s <= result.start_s
 
 
 @pytest.mark.parametrize("make", [small_instance_dict, irregular_dict, mixed_types_dict, asymmetric_dict])
@@ -273,7 +313,7 @@ def per_move_cost(instance, config: Config, moves: int = 2000, evals: int = 5) -
     """(seconds per scored move on a random walk accepting 30% of proposals, seconds per evaluate() of a
     placement of that walk, cold: any cluster-level memo of group links is emptied first)."""
     sc = start_scorer(instance, config)
-    gen, rng = _Moves(sc, np.random.default_rng(0)), np.random.default_rng(1)
+    gen, rng = Moves(sc, np.random.default_rng(0)), np.random.default_rng(1)
     done, start, seen = 0, time.perf_counter(), []
     while done < moves:
         out = gen.propose()
@@ -331,7 +371,7 @@ if __name__ == "__main__":
 def test_relocation_gathers_weak_nodes_on_a_light_stage(monkeypatch):
     """Two slow-NIC nodes in two stages: the slowest stage's dp sync counts, so moving either alone gains less
     than moving both onto the lightest stage, which the gathering step does (and never makes it worse)."""
-    from solvers import relocate
+    from solvers.local import relocate
 
     data = small_instance_dict(6, 2, global_batch_size=32, seq_length=4096)
     data["cluster"]["network"]["nodes"] = [{"node": "n1", "inter_node_gb_per_s": 6.0},

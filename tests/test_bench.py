@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from solvers.bench import _write, run_bench
+from solvers.validation.bench import _write, run_bench
 
 
 def test_bench_on_a_small_instance_writes_its_files_and_never_beats_the_optimum(tmp_path):
@@ -40,3 +40,38 @@ def test_mixed_bench_compares_with_single_islands_and_the_type_blind_default(tmp
     assert rows["best-island"]["objective_s"] <= rows["largest-island"]["objective_s"] * (1 + 1e-9)
     assert composed <= rows["default"]["objective_s"] * (1 + 1e-9)
     assert all(s["tokens_per_s"] > 0 for s in result["summary"])
+
+
+def test_baselines_without_a_bound_never_beat_the_proven_optimum_and_report_what_they_found():
+    """local@budget (local search over every configuration) and node-sa@budget (whole-node SA on auto's
+    configuration) on an instance the exact program proves: never below the optimum, their plans scored by
+    evaluate(), and the budgeted auto run reports how its gap closed over the budget."""
+    result = run_bench(["small_4x2"], seeds=1, budget=1.5, methods=["cpsat", "auto@budget", "node-sa@budget",
+                                                                     "local@budget"])
+    rows = {s["method"]: s for s in result["summary"]}
+    optimum = rows["cpsat"]["objective_s"]
+    assert rows["cpsat"]["optimal"] == 1
+    for method in ("node-sa@budget", "local@budget"):
+        assert rows[method]["objective_s"] >= optimum * (1 - 1e-9)
+        assert rows[method]["bound_s"] is None and rows[method]["wall_s"] <= 1.5 + 1.0
+    runs = {r["method"]: r for r in result["runs"]}
+    assert runs["node-sa@budget"]["config"] == runs["auto@budget"]["config"]
+    gaps = rows["auto@budget"]["gap_over_time"]
+    assert len(gaps) == 4 and gaps[-1] is not None and gaps[-1] >= rows["auto@budget"]["gap"] - 1e-12
+    assert gaps == sorted(gaps, reverse=True)  # the best plan so far only improves
+
+
+def test_local_search_improves_on_the_best_default():
+    from formulation import evaluate, load_instance
+    from solvers import solve
+    from solvers.validation.local_search import local_search
+
+    from pathlib import Path
+
+    instance = load_instance(Path(__file__).resolve().parents[1] / "instances" / "measured_4.json")
+    default = solve(instance, solver="baseline").estimate.iteration_time_s
+    placement, estimate, history = local_search(instance, 3.0, seed=0)
+    assert estimate.fits and estimate.iteration_time_s == evaluate(instance, placement).iteration_time_s
+    assert estimate.iteration_time_s <= default * (1 + 1e-9)
+    assert [v for _, v in history] == sorted((v for _, v in history), reverse=True)
+    assert history[-1][1] == estimate.iteration_time_s

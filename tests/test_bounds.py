@@ -18,8 +18,8 @@ from test_exact import _maps
 
 from formulation import evaluate, instance_from_dict
 from formulation.space import configurations, placement_for
-from solvers.bound_parts import least_slowest_stage, weakest_cuts
-from solvers.bounds import cut_bound, fast_bound
+from solvers.bounds.parts import least_slowest_stage, weakest_cuts
+from solvers.bounds.configs import cut_bound, fast_bound
 
 
 def node_matrix_instance(seed: int, shapes=((4, 1), (3, 2), (2, 3), (2, 2))) -> dict:

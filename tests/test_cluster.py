@@ -8,7 +8,7 @@ import math
 import pytest
 
 from conftest import build_instance, small_instance_dict
-from formulation import cost
+from formulation.physics import cost
 
 
 def cluster_of(num_nodes=2, gpus=4, intra=400.0, inter=50.0, **network):

@@ -14,15 +14,16 @@ import pytest
 
 from conftest import H100_128, build_instance, run_solve, small_instance_dict
 from formulation import default_placement, evaluate
-from solvers.export import (export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout,
-                            torchtitan_toml)
-from solvers.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups, slurm_launch,
+from solvers.outputs.export import export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout
+from solvers.outputs.torchtitan import runnable_zero_stages, torchtitan_run, torchtitan_toml
+from solvers.outputs.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups, slurm_launch,
                             torchrun_launch)
 
 SPLIT_FLAGS = {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
                "--pipeline-model-parallel-layout"}
-EXPORTED = {"plan.json", "megatron_args.sh", "launch_torchrun.sh", "launch_slurm.sh", "hostfile", "torchtitan.toml",
+EXPORTED = {"plan.json", "megatron_args.sh", "launch_torchrun.sh", "launch_slurm.sh", "hostfile", "torchtitan_args.sh",
+            "torchtitan-0.2.toml",
             "README.txt", "schedule.png", "memory.png", "cluster.png", "report.html"}
 
 
@@ -55,8 +56,14 @@ def test_rank_groups_match_megatrons_documented_example():
 
 # ---- realising the plan ---------------------------------------------------------------------------------
 
+def _node_blocks(placement):
+    """The plan's configuration and layers on the default map (each node's ranks one contiguous block): the
+    solved map of h100_128 is one of several within 0.01 % of each other and need not be torchrun-shaped."""
+    return dataclasses.replace(placement, gpus=tuple(range(placement.world_size)))
+
+
 def test_h100_plan_realised_by_torchrun_and_slurm(h100, plan):
-    p = plan.placement
+    p = _node_blocks(plan.placement)
     torchrun = torchrun_launch(h100, p)
     assert torchrun is not None and torchrun.nproc_per_node == 8 and len(torchrun.nodes) == 16
     slurm = slurm_launch(h100, p)
@@ -66,7 +73,7 @@ def test_h100_plan_realised_by_torchrun_and_slurm(h100, plan):
 
 
 def test_permutation_within_nodes_sets_cuda_visible_devices(h100, plan):
-    p = _permuted_within_nodes(h100, plan.placement)
+    p = _permuted_within_nodes(h100, _node_blocks(plan.placement))
     torchrun = torchrun_launch(h100, p)
     assert torchrun is not None
     assert all(node.visible_devices == (7, 6, 5, 4, 3, 2, 1, 0) for node in torchrun.nodes)
@@ -193,28 +200,50 @@ def test_zero3_and_torchtitan(h100, plan):
     p = dataclasses.replace(plan.placement, zero_stage=3)
     args = _args(h100, p)
     assert "--use-megatron-fsdp" in args and args["--data-parallel-sharding-strategy"] == "optim_grads_params"
-    shard = tomllib.loads(torchtitan_toml(h100, _Scored(p, plan.estimate)))
+    shard = tomllib.loads(torchtitan_toml(h100, _Scored(p, evaluate(h100, p))))
     assert shard["parallelism"]["data_parallel_shard_degree"] == p.dp
+    assert shard["parallelism"]["fsdp_reshard_after_forward"] == "always"  # the per-layer gather zero 3 is scored with
     toml = tomllib.loads(torchtitan_toml(h100, plan))
     par, q = toml["parallelism"], plan.placement
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]) == (
         q.tp, q.pp, q.cp)
     assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == q.dp
     assert toml["training"]["global_batch_size"] == 512 and toml["training"]["seq_len"] == 8192
-    if q.zero_stage == 1:  # replicated Adam state for 70B on 32 GPUs per replica does not fit: FSDP instead
-        assert par["data_parallel_shard_degree"] == q.dp and par["fsdp_reshard_after_forward"] == "never"
     if q.pp > 1:
         parts = par["module_fqns_per_model_part"]
         assert len(parts) == q.pp * q.vpp and parts[0][0] == "tok_embeddings" and parts[-1][-1] == "output"
         assert sum(name.startswith("layers.") for part in parts for name in part) == 80
 
 
-def test_torchtitan_replicates_when_the_optimizer_state_fits(split_nodes):
-    instance, p = split_nodes
-    p = dataclasses.replace(p, zero_stage=1)
-    toml = tomllib.loads(torchtitan_toml(instance, _Scored(p, evaluate(instance, p))))
-    assert toml["parallelism"]["data_parallel_replicate_degree"] == p.dp
-    assert toml["parallelism"]["data_parallel_shard_degree"] == 1
+@pytest.mark.parametrize("release", ["0.2", "0.3"])
+def test_torchtitan_run_is_the_evaluators_best_runnable_zero_stage(h100, plan, split_nodes, release):
+    instance, base = split_nodes
+    cases = [(h100, plan.placement)] + [(instance, dataclasses.replace(base, zero_stage=z)) for z in (0, 1, 3)]
+    for inst, p in cases:
+        planned = _Scored(p, evaluate(inst, p))
+        run = torchtitan_run(inst, planned, release)
+        runnable = runnable_zero_stages(p, release)
+        if p.zero_stage in runnable:
+            assert run.placement == p and run.notes == ()
+            continue
+        scored = {z: evaluate(inst, dataclasses.replace(p, zero_stage=z), check=False) for z in runnable}
+        best = min((z for z in runnable if scored[z].fits), key=lambda z: scored[z].iteration_time_s)
+        assert run.placement.zero_stage == best
+        assert run.estimate.iteration_time_s == scored[best].iteration_time_s
+        assert f"{scored[best].iteration_time_s:.3f} s per iteration instead of {planned.estimate.iteration_time_s:.3f}" \
+            in run.notes[0] and f"peak {scored[best].peak_memory_gib:.1f} GiB" in run.notes[0]
+
+
+@pytest.mark.parametrize("tp, pp, cp, dp, release, expected", [
+    (1, 1, 1, 8, "0.2", (0, 3)),   # pure data parallelism: replicate is DDP in both releases
+    (2, 2, 1, 2, "0.2", (3,)),     # 0.2.x: 'DDP has not supported > 1D parallelism'
+    (2, 2, 1, 2, "0.3", (0, 3)),   # 0.3.x: replicate via fully_shard over (dp_replicate, fsdp)
+    (2, 1, 2, 2, "0.3", (3,)),     # cp > 1: the FSDP mesh is dp_shard x cp, parameters are sharded over cp
+    (8, 1, 1, 1, "0.2", (0, 1, 3)),  # no data parallelism: every zero stage is the same run
+])
+def test_runnable_zero_stages(h100, plan, tp, pp, cp, dp, release, expected):
+    p = dataclasses.replace(plan.placement, tp=tp, pp=pp, cp=cp, dp=dp)
+    assert runnable_zero_stages(p, release) == expected
 
 
 # ---- the written files, end to end ----------------------------------------------------------------------
@@ -270,3 +299,21 @@ def test_launch_scripts_start_the_right_ranks(output_dir, plan, h100, tmp_path):
            f"LOCAL_RANK={slurm.local_rank[rank]} python pretrain_gpt.py" in out and out.rstrip().endswith("--extra")
     args = shlex.split(out.split("pretrain_gpt.py", 1)[1])
     assert args[args.index("--pipeline-model-parallel-size") + 1] == str(p.pp)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_torchtitan_route_runs_the_module_with_torchtitan_arguments_only(output_dir, plan, h100, tmp_path):
+    torchrun = torchrun_launch(h100, plan.placement)
+    node = torchrun.nodes[0]
+    env = {**_fake_tools(tmp_path, node.host), "FRAMEWORK": "torchtitan"}
+    out = subprocess.run(["bash", output_dir / "launch_torchrun.sh", "--training.steps=10"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    args = shlex.split(out.split("torchrun ", 1)[1])
+    module = args.index("-m")  # torchrun's own --module flag, then the module as the training script
+    assert args[module + 1] == "torchtitan.train" and args[module + 2:module + 6] == [
+        "--module", "llama3", "--config", "llama3_70b"]
+    assert args[-2:] == ["--training.steps=10", f"activation-checkpoint:{plan.placement.recompute}"]  # subcommand last
+    assert not any(arg.startswith(("--tensor-model", "--micro-batch", "--seq-length")) for arg in args)
+    bad = subprocess.run(["bash", output_dir / "launch_torchrun.sh"], env={**env, "FRAMEWORK": "nemo"},
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "FRAMEWORK must be" in bad.stderr

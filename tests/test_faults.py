@@ -1,5 +1,5 @@
 """Solver faults and early stops: each ends with the best plan so far and an honest status, or a clear error,
-and nothing half-written (issue 8).
+and nothing half-written.
 
 Cases: the CBC binary missing; CBC killed (SIGKILL) mid-solve; CP-SAT answering UNKNOWN and MODEL_INVALID;
 a time limit of 0.1 s; Ctrl-C (SIGINT) during a long search, before and after a first plan exists.
@@ -21,15 +21,15 @@ from conftest import H100_128, REPO, build_instance
 H100_1024 = REPO / "instances" / "h100_1024.json"  # searched for several seconds: time to interrupt it
 from formulation import evaluate
 from solvers import backends, solve
-from solvers.search import NoPlanInTime, search
+from solvers.search.uniform import NoPlanInTime, search
 
 pulp = pytest.importorskip("pulp")
 
 
 def _fake_cbc(monkeypatch, path: str) -> None:
-    """Make the CBC backend run `path` instead of PuLP's bundled binary."""
-    real = pulp.COIN_CMD
-    monkeypatch.setattr(pulp, "PULP_CBC_CMD", lambda **kw: real(path=path, **kw))
+    """Make the CBC backend run `path` instead of the installed CBC binary."""
+    from solvers.backends import cbc
+    monkeypatch.setattr(cbc, "cbc_path", lambda: path)
 
 
 def _small():
@@ -66,7 +66,7 @@ def test_cbc_failure_keeps_the_best_default_plan_and_says_so(monkeypatch, tmp_pa
 
 def test_cbc_failure_result_reaches_the_backend_contract(monkeypatch, tmp_path):
     _fake_cbc(monkeypatch, str(tmp_path / "absent"))
-    from formulation.program import build_program
+    from formulation.programs.exact import build_program
     from formulation.space import configurations
     instance = _small()
     program = build_program(instance, next(iter(configurations(instance))))
@@ -101,7 +101,7 @@ def test_a_tenth_of_a_second_returns_the_plan_so_far_with_a_zero_bound():
 
 
 class _Clock:
-    """A clock for solvers.search that jumps 100 s per reading: every deadline has passed at once."""
+    """A clock for solvers.search.uniform that jumps 100 s per reading: every deadline has passed at once."""
 
     def __init__(self):
         self.now = 0.0
@@ -112,7 +112,7 @@ class _Clock:
 
 
 def test_no_plan_at_all_within_the_limit_is_a_clear_error(monkeypatch):
-    import solvers.search as search_module
+    import solvers.search.uniform as search_module
     monkeypatch.setattr(search_module, "time", _Clock())
     with pytest.raises(NoPlanInTime, match="no plan within the time limit"):
         search(_small(), solver="cpsat", time_limit_s=1.0)
@@ -120,7 +120,7 @@ def test_no_plan_at_all_within_the_limit_is_a_clear_error(monkeypatch):
 
 def _interrupt_on_call(monkeypatch, n: int) -> None:
     """Ctrl-C arriving during the n-th lower bound computation (deterministic, in process)."""
-    import solvers.search as search_module
+    import solvers.search.uniform as search_module
     real, calls = search_module.lower_bound, [0]
 
     def bound(instance, config, caps=None):
@@ -133,7 +133,7 @@ def _interrupt_on_call(monkeypatch, n: int) -> None:
 
 
 def _cli(argv) -> int:
-    from solvers.cli import main
+    from solvers.outputs.cli import main
     with pytest.raises(SystemExit) as stop:
         main([str(a) for a in argv])
     return stop.value.code
@@ -157,7 +157,7 @@ def test_interrupt_after_plans_exist_returns_the_best_so_far(monkeypatch, tmp_pa
 
 
 def _interrupt_after(seconds: float, output):
-    proc = subprocess.Popen([sys.executable, "-m", "solvers.cli", "--instance", str(H100_1024), "--quiet",
+    proc = subprocess.Popen([sys.executable, "-m", "solvers.outputs.cli", "--instance", str(H100_1024), "--quiet",
                              "--output", str(output)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     time.sleep(seconds)

@@ -12,9 +12,9 @@ import pytest
 
 from conftest import REPO, build_instance, run_solve, small_instance_dict, write_instance
 from formulation import InputError, default_placement, evaluate, load_instance
-from formulation.ingest import (fit_nccl_log, gpu_bandwidth_matrix, parse_nccl_log, parse_topology,
+from formulation.inputs.ingest import (fit_nccl_log, gpu_bandwidth_matrix, parse_nccl_log, parse_topology,
                                 sendrecv_pair_bandwidths, summarize)
-from formulation.model import model_from_dict, read_json_file
+from formulation.inputs.model import model_from_dict, read_json_file
 
 SAMPLES = REPO / "instances" / "samples"
 NCCL = SAMPLES / "nccl"
@@ -283,3 +283,13 @@ def test_cli_exits_2_with_one_line_for_an_instance_referencing_a_malformed_log(t
     assert len(lines) == 1 and "Traceback" not in result.stderr
     log = MALFORMED / "non_numeric_busbw.log"
     assert lines[0].startswith(f"error: {path}: cluster.network.nccl_tests[0].file: {log}: line 42: ")
+
+
+def test_solve_ingest_summarises_each_file_and_refuses_a_broken_one():
+    samples = REPO / "instances" / "samples"
+    out = run_solve("ingest", samples / "nccl" / "all_reduce_perf_dgx-h100_8gpu.log",
+                    samples / "hf" / "qwen2-7b" / "config.json")
+    assert out.returncode == 0, out.stderr
+    assert "487.9 GB/s" in out.stdout and "7.62 B parameters" in out.stdout
+    out = run_solve("ingest", samples / "malformed" / "no_rows.log")
+    assert out.returncode == 2 and "no data rows" in out.stderr and "Traceback" not in out.stderr

@@ -14,11 +14,11 @@ import random
 import pytest
 
 from formulation import evaluate, instance_from_dict
-from formulation.composition import build_composition, island_tables
-from formulation.islands import find_islands, island_slots
+from formulation.programs.composition import build_composition, island_tables
+from formulation.programs.islands import find_islands, island_slots
 from formulation.space import placement_for
 from solvers import backends, solve
-from solvers.compose import compose_search, configurations, objective_value
+from solvers.search.mixed import compose_search, configurations, objective_value
 
 from conftest import REPO
 
@@ -203,6 +203,9 @@ def test_cli_objective_errors_and_mixed_plan_file(tmp_path):
     assert solver["objective"] == "cost" and solver["bound_s"] is None and solver["status"] == "optimal"
     assert solver["objective_value"] == pytest.approx(solver["bound_value"])
     assert {r["gpu_type"] for r in solver["islands"]} == {"h100-sxm-80gb", "a100-sxm-80gb"}
+    # the plan is compared with the default in the objective's unit, not in seconds
+    assert "Megatron-style default (best over configurations):" in ok.stdout
+    assert "per million tokens; this plan" in " ".join(ok.stdout.split())
 
 
 def test_no_type_can_hold_the_model_says_which_stage_needs_what(tmp_path):
@@ -218,7 +221,7 @@ def test_no_type_can_hold_the_model_says_which_stage_needs_what(tmp_path):
 
 def test_layer_capacity_is_the_most_layers_that_fit():
     """The capacity read off memory's affine line equals a scan of the memory model, on both GPU types."""
-    from formulation.memory import stage_memory
+    from formulation.physics.memory import stage_memory
     from formulation.space import layer_capacity
 
     for seed in (0, 3, 4):

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from conftest import H100_128, TESTS, build_instance, run_solve, small_instance_dict
 from formulation import InputError, load_instance
-from formulation.cluster import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES
-from formulation.model import read_json_file
+from formulation.inputs.cluster import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES
+from formulation.inputs.model import read_json_file
 from formulation.placement import load_placement
-from solvers.cli import main as cli_main
+from solvers.outputs.cli import main as cli_main
 
 MALFORMED = TESTS / "malformed"
 PLACEMENTS = MALFORMED / "placements"
@@ -63,13 +63,13 @@ FIELD_PROBLEMS = {
     "nan_token_in_node_matrix.json": "NaN is not a valid number",
     "negative_infinity_latency.json": "-Infinity is not a valid number",
     "seq_length_not_divisible_by_cp.json": "context-parallel size 2 does not divide seq_length 4097",
-    "megabyte_string.json": "(1,000,034 characters)",
+    "megabyte_string.json": "(1,000,039 characters)",
 }
 MAX_LINE = 1000  # an error line repeats at most a clipped value (formulation.errors.MAX_ERROR_TEXT)
 
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess:
-    """`solve ARGS` in this process: `solvers.cli.main`, as the console script calls it. All of the CLI but the
+    """`solve ARGS` in this process: `solvers.outputs.cli.main`, as the console script calls it. All of the CLI but the
     interpreter start, which would be most of the time of 70 cases (a few run as real subprocesses below)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
@@ -371,3 +371,9 @@ def test_very_long_values_and_keys_are_clipped_in_the_error():
     with pytest.raises(InputError) as info:
         build_instance(data)
     assert info.value.field.startswith("training.xxx") and len(str(info.value)) < MAX_LINE
+
+
+def test_yaml_exponents_without_a_dot_or_sign_are_numbers():
+    from formulation.inputs.instance import _parse_yaml
+    assert _parse_yaml("a: 15e12\nb: 1.5e12\nc: 2.5\nd: e12\n", "x.yaml") == {"a": 15e12, "b": 1.5e12, "c": 2.5,
+                                                                              "d": "e12"}

@@ -2,9 +2,9 @@
 
 import pytest
 
-from formulation.instance import instance_from_dict
-from formulation.memory import layer_activation_bytes
-from formulation.model import PRESET_DIR, model_from_dict, read_json_file
+from formulation.inputs.instance import instance_from_dict
+from formulation.physics.memory import layer_activation_bytes
+from formulation.inputs.model import PRESET_DIR, model_from_dict, read_json_file
 from formulation.placement import Placement
 
 

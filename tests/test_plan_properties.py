@@ -1,4 +1,4 @@
-"""Properties of whole plans over generated valid instances (hypothesis), issue 8.
+"""Properties of whole plans over generated valid instances (hypothesis).
 
 - the loader round-trips: the same instance as JSON, as YAML and in memory loads to the same cluster and
   scores the same; a plan's placement written with `to_dict` reads back identical;

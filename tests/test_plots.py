@@ -8,7 +8,8 @@ import pytest
 
 from conftest import build_instance, small_instance_dict
 from formulation import default_placement, evaluate
-from solvers.plots import simulate_schedule, slow_links, stage_order, write_pictures
+from solvers.outputs.plots import slow_links, write_pictures
+from solvers.outputs.schedule import simulate_schedule, stage_order
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -16,10 +16,10 @@ class BackendResult:
 
 
 def available() -> dict[str, bool]:
-    from . import cbc, cpsat
+    from solvers.backends import cbc, cpsat
     return {"cbc": cbc.available(), "cpsat": cpsat.available()}
 
 
 def get(name: str):
-    from . import cbc, cpsat
+    from solvers.backends import cbc, cpsat
     return {"cbc": cbc, "cpsat": cpsat}[name]

@@ -1,54 +1,119 @@
-"""CBC through PuLP."""
+"""CBC through PuLP 3's `COIN_CMD` (the bundled `PULP_CBC_CMD` goes away in PuLP 4), with the CBC binary of the
+`cbcbox` package that `pulp[cbc]` installs, or a `cbc` on PATH.
+
+A proof only from CBC's own word: the run's log must end in "Result - Optimal solution found". PuLP maps a
+run stopped at its time limit with an incumbent to status "Optimal" (its solution status tells them apart,
+but only the log carries CBC's bound), so the log is read for the status and the bound alike.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
 import time
 
-from . import BackendResult
+from solvers.backends import BackendResult
+
+# CBC stops when the incumbent is within these of its bound; the program's objective is in microseconds times
+# the schedule's divisor, so an absolute allowance of 0 and a relative one of 1e-9 prove the optimum itself.
+RELATIVE_GAP = 1e-9
+ABSOLUTE_GAP = 0.0
+
+
+def cbc_path() -> str | None:
+    """The CBC executable: cbcbox's build for this CPU, else `cbc` on PATH (None: no CBC)."""
+    try:
+        import cbcbox
+        path = cbcbox.cbc_bin_path()
+        if os.access(path, os.X_OK):
+            return path
+    except Exception:  # not installed, or no build for this platform
+        pass
+    return shutil.which("cbc")
 
 
 def available() -> bool:
     try:
         import pulp
-        return pulp.PULP_CBC_CMD(msg=False).available()
+        path = cbc_path()
+        return path is not None and bool(pulp.COIN_CMD(path=path, msg=False).available())
     except Exception:  # pragma: no cover - a broken install is "unavailable"
         return False
+
+
+def _lp(program):
+    import pulp
+
+    lp = pulp.LpProblem("plan", pulp.LpMinimize)
+    cat = {"binary": pulp.LpBinary, "integer": pulp.LpInteger, "continuous": pulp.LpContinuous}
+    xs = [lp.add_variable(f"v{i}", lowBound=lo, upBound=None if up == float("inf") else up, cat=cat[kind])
+          for i, (kind, lo, up) in enumerate(zip(program.kinds, program.lower, program.upper))]
+    lp += pulp.lpSum(c * xs[i] for i, c in program.objective.items()) + program.objective_constant
+    for k, (terms, sense, rhs, _) in enumerate(program.rows):
+        expr = pulp.lpSum(c * xs[i] for i, c in terms.items())
+        lp += (expr >= rhs) if sense == ">=" else (expr <= rhs) if sense == "<=" else (expr == rhs), f"c{k}"
+    return lp, xs
+
+
+def read_log(text: str) -> dict:
+    """CBC's closing report: `result` (the words after "Result - "), `objective` and `bound` (as CBC saw the
+    objective, without PuLP's constant), None where absent."""
+    def number(label: str) -> float | None:
+        found = re.search(rf"^{label}:\s*(\S+)", text, re.MULTILINE)
+        try:
+            return float(found.group(1)) if found else None
+        except ValueError:
+            return None
+
+    result = re.search(r"^Result - (.*)$", text, re.MULTILINE)
+    return {"result": result.group(1).strip() if result else None, "objective": number("Objective value"),
+            "bound": number("Lower bound")}
 
 
 def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: int = 0) -> BackendResult:
     import pulp
 
     start = time.perf_counter()
-    lp = pulp.LpProblem("plan", pulp.LpMinimize)
-    cat = {"binary": pulp.LpBinary, "integer": pulp.LpInteger, "continuous": pulp.LpContinuous}
-    xs = [pulp.LpVariable(f"v{i}", lowBound=lo, upBound=None if up == float("inf") else up, cat=cat[kind])
-          for i, (kind, lo, up) in enumerate(zip(program.kinds, program.lower, program.upper))]
-    lp += pulp.lpSum(c * xs[i] for i, c in program.objective.items()) + program.objective_constant
-    for k, (terms, sense, rhs, _) in enumerate(program.rows):
-        expr = pulp.lpSum(c * xs[i] for i, c in terms.items())
-        lp += (expr >= rhs) if sense == ">=" else (expr <= rhs) if sense == "<=" else (expr == rhs), f"c{k}"
+    path = cbc_path()
+    if path is None:
+        return BackendResult("error", None, None, None, 0.0, "CBC failed: no CBC binary (pip install 'pulp[cbc]')")
+    lp, xs = _lp(program)
     options = [f"randomSeed {seed % (2 ** 31 - 1) + 1}", "randomCbcSeed 1"]
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, threads=threads, options=options,
-                               gapRel=1e-9, gapAbs=0)
-    try:
-        lp.solve(solver)
-    except (pulp.PulpSolverError, OSError) as exc:  # binary missing, not executable, killed without output
-        return BackendResult("error", None, None, None, time.perf_counter() - start,
-                             f"CBC failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}")
+    with tempfile.TemporaryDirectory(prefix="cbc-") as tmp:
+        log_path = os.path.join(tmp, "cbc.log")
+        solver = pulp.COIN_CMD(path=path, msg=False, timeLimit=time_limit_s, threads=threads, options=options,
+                               gapRel=RELATIVE_GAP, gapAbs=ABSOLUTE_GAP, logPath=log_path)
+        try:
+            lp.solve(solver)
+        except (pulp.PulpSolverError, OSError) as exc:  # binary missing, not executable, killed without output
+            text = str(exc).strip()
+            return BackendResult("error", None, None, None, time.perf_counter() - start,
+                                 f"CBC failed: {text.splitlines()[0] if text else type(exc).__name__}")
+        with open(log_path, errors="replace") as handle:
+            report = read_log(handle.read())
+    return _result(program, lp, xs, report, time.perf_counter() - start)
+
+
+def _result(program, lp, xs, report: dict, wall_time_s: float) -> BackendResult:
+    import pulp
+
     scale = program.time_unit_s / program.objective_divisor
-    status = pulp.LpStatus[lp.status]
     have = lp.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     values = [x.value() or 0.0 for x in xs] if have else None
     objective = pulp.value(lp.objective) * scale if have else None
-    bound = None
-    if status == "Optimal" and lp.sol_status == pulp.LpSolutionOptimal:
-        result_status, bound = "optimal", objective
-    elif have:
-        result_status = "feasible"
-        best_bound = getattr(lp, "bestBound", None)  # not exposed by every PuLP version
-        bound = best_bound * scale if best_bound is not None else None
-    elif status == "Infeasible":
-        result_status = "infeasible"
-    else:
-        result_status = "timeout"
-    return BackendResult(result_status, values, objective, bound, time.perf_counter() - start)
+    proven = (have and lp.sol_status == pulp.LpSolutionOptimal
+              and (report["result"] or "").startswith("Optimal solution found"))
+    if proven:
+        return BackendResult("optimal", values, objective, objective, wall_time_s)
+    if have:
+        bound = None
+        if report["bound"] is not None:  # CBC's objective may lack the program's constant: offset by what it saw
+            seen = report["objective"]
+            offset = pulp.value(lp.objective) - seen if seen is not None else program.objective_constant
+            bound = min((report["bound"] + offset) * scale, objective)
+        return BackendResult("feasible", values, objective, bound, wall_time_s)
+    if lp.status == pulp.LpStatusInfeasible:
+        return BackendResult("infeasible", None, None, None, wall_time_s)
+    return BackendResult("timeout", None, None, None, wall_time_s)

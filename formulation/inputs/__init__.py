@@ -1,0 +1,1 @@
+"""What the user gives: the instance file and its model, training job and cluster sections."""

@@ -1,0 +1,111 @@
+"""The training job: batch, sequence, precision, and the choices the planner may make."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from formulation.errors import Section
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 3)
+PRECISIONS = ("bf16", "fp16", "fp8")
+# Megatron-LM / NeMo (Megatron-Core), Megatron-DeepSpeed and other DeepSpeed ZeRO-1-era stacks, and torchtitan
+# (PyTorch FSDP2). `fsdp` is the earlier name of the PyTorch FSDP stack and is read as `torchtitan`.
+SOFTWARE_STACKS = ("megatron", "megatron-deepspeed", "torchtitan")
+STACK_ALIASES = {"fsdp": "torchtitan"}
+DEFAULT_STACK = "megatron"
+DEEPSPEED = ("megatron-deepspeed",)
+# DeepSpeed's documented defaults: reduce_bucket_size and allgather_bucket_size of 5e8 elements each
+DEEPSPEED_BUCKET_ELEMENTS = 5e8
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    global_batch_size: int  # sequences per iteration
+    seq_length: int
+    precision: str = "bf16"
+    software_stack: str = DEFAULT_STACK  # selects behaviours and calibrated efficiencies (docs/physics.md)
+    software_stack_defaulted: bool = False  # the instance did not name its stack (reports warn)
+    torch_compile: bool = True  # torchtitan: torch.compile fuses the elementwise ops (eager runs them unfused)
+    recompute: tuple[str, ...] = RECOMPUTE_CHOICES  # allowed choices
+    zero_stage: tuple[int, ...] = (0, 1)  # allowed choices (3 = ZeRO-3/FSDP, opt in)
+    max_micro_batch_size: int = 8
+    max_tensor_parallel_size: int = 0  # 0: the GPUs of one node
+    context_parallel_sizes: tuple[int, ...] = (1,)
+    virtual_pipeline_sizes: tuple[int, ...] = (1,)
+    memory_limit_fraction: float = 0.8
+    flash_attention: bool = True
+    sequence_parallel: bool = True  # with tp > 1, as Megatron-LM's --sequence-parallel
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False  # Transformer Engine userbuffers: tp collectives hidden behind GEMMs
+    ddp_bucket_params: int = 40_000_000  # Megatron-LM's default gradient bucket
+
+    @property
+    def bytes_per_param_state(self) -> tuple[float, float, float]:
+        """(weights, gradients, optimizer state) bytes per parameter with Adam in mixed precision.
+
+        Megatron-LM distributed-optimizer docs: bf16 params with fp32 main grads 2 + 4 + 12 = 18;
+        fp16 params and grads 2 + 2 + 16 (fp32 master params, main grads, Adam m and v) = 20.
+        FP8 training (Transformer Engine, torchao) keeps bf16 parameters with fp32 main grads as bf16 does; its
+        FP8 weight copies are buffers (memory model (M6)).
+        Megatron-DeepSpeed (DeepSpeed ZeRO-1 / bf16 optimizer) keeps 16-bit gradients and an fp32 gradient
+        partition beside the fp32 master weights and Adam moments: 2 + 2 + 16 in either 16-bit precision.
+        """
+        if self.precision == "fp16" or self.software_stack == "megatron-deepspeed":
+            return (2.0, 2.0, 16.0)
+        return (2.0, 4.0, 12.0)
+
+
+def _choices(sec: Section, key: str, allowed: tuple, default: tuple, kind: type) -> tuple:
+    value = sec.raw(key, default)
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise sec.error(key, f"expected a non-empty list of choices from {list(allowed)}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, kind) or (allowed and item not in allowed):
+            raise sec.error(key, f"expected choices from {list(allowed)}; got {item!r}")
+    return tuple(sorted(set(value), key=list(allowed).index if allowed else None))
+
+
+def _sizes(sec: Section, key: str, default: tuple) -> tuple[int, ...]:
+    value = sec.raw(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
+        raise sec.error(key, f"expected a non-empty list of positive integers, got {value!r}")
+    return tuple(sorted(set(value)))
+
+
+def load_training_section(data: dict, file: str) -> TrainingJob:
+    sec = Section(data, file, "training")
+    stack = sec.string("software_stack", default=DEFAULT_STACK, choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
+    job = TrainingJob(
+        global_batch_size=sec.integer("global_batch_size"),
+        seq_length=sec.integer("seq_length", maximum=16 * 1024 * 1024),
+        precision=sec.string("precision", default="bf16", choices=PRECISIONS),
+        software_stack=STACK_ALIASES.get(stack, stack), software_stack_defaulted=not sec.has("software_stack"),
+        torch_compile=sec.boolean("torch_compile", default=True),
+        recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, RECOMPUTE_CHOICES, str),
+        zero_stage=_choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int),
+        max_micro_batch_size=sec.integer("max_micro_batch_size", default=8),
+        max_tensor_parallel_size=sec.integer("max_tensor_parallel_size", default=0, minimum=0),
+        context_parallel_sizes=_sizes(sec, "context_parallel_sizes", (1,)),
+        virtual_pipeline_sizes=_sizes(sec, "virtual_pipeline_sizes", (1,)),
+        memory_limit_fraction=sec.number("memory_limit_fraction", default=0.8, maximum=1.0),
+        flash_attention=sec.boolean("flash_attention", default=True),
+        sequence_parallel=sec.boolean("sequence_parallel", default=True),
+        # DeepSpeed's documented default is overlap_comm false, and ZeRO-1 gathers parameters after the step
+        overlap_grad_reduce=sec.boolean("overlap_grad_reduce", default=stack not in DEEPSPEED),
+        overlap_param_gather=sec.boolean("overlap_param_gather", default=stack not in DEEPSPEED),
+        tp_comm_overlap=sec.boolean("tp_comm_overlap", default=False),
+        ddp_bucket_params=sec.integer("ddp_bucket_params", default=40_000_000),
+    )
+    for cp in job.context_parallel_sizes:  # a listed size that can never apply is a mistake, not a choice
+        if job.seq_length % cp:
+            raise sec.error("context_parallel_sizes", f"context-parallel size {cp} does not divide seq_length "
+                                                      f"{job.seq_length} (each cp rank takes seq_length / cp tokens)")
+    sec.done()
+    return job

@@ -1,0 +1,242 @@
+"""The transformer being trained: architecture, presets, and per-layer parameters, FLOPs and activations.
+
+Field names follow Hugging Face `config.json`. Dense decoder-only models: Llama-style (RMSNorm, SwiGLU,
+GQA, rotary, no dropout) and GPT-style (LayerNorm, GELU MLP, learned positions, dropout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from formulation.data import MODELS_DIR
+from formulation.errors import InputError, Section, decode_text, parse_json
+
+PRESET_DIR = MODELS_DIR
+
+_HF_ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu",
+                   "gelu_pytorch_tanh": "gelu", "relu": "gelu"}
+# Keys of HF configs that do not change cost or memory; accepted and ignored so real config.json files load.
+# A sliding window (Mistral, Qwen2) only shortens attention, so ignoring it keeps the estimate conservative; a
+# bias (Qwen2's QKV bias, attention_bias) adds well under 0.1% of the parameters.
+_HF_IGNORED = {
+    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
+    "pad_token_id", "rope_theta", "rope_scaling", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps",
+    "initializer_range", "use_cache", "pretraining_tp", "attention_bias", "mlp_bias", "max_position_embeddings",
+    "_name_or_path", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "bias",
+    "use_parallel_residual", "rotary_pct", "partial_rotary_factor", "rotary_emb_base", "classifier_dropout",
+    "tokenizer_class", "n_positions", "n_ctx", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights", "reorder_and_upcast_attn",
+    "scale_attn_by_inverse_layer_idx",
+}
+# Dropout probabilities of HF configs: dropout masks cost memory, so any positive one turns `dropout` on and all
+# zero turns it off (GPT-NeoX-20B, Pythia, Qwen2 train without); with none given the activation decides.
+_HF_DROPOUT = ("hidden_dropout", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
+               "attention_probs_dropout_prob")
+_HF_NULLABLE = ("num_key_value_heads", "head_dim")  # written as null by some configs: the default applies
+_MOE_KEYS = {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"}
+
+
+@dataclass(frozen=True)
+class Model:
+    """A dense decoder. Sizes are those of the whole model (before any parallel split)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    head_dim: int
+    tie_word_embeddings: bool = False
+    mlp: str = "swiglu"  # "swiglu" (3 matrices) or "gelu" (2 matrices)
+    norm: str = "rmsnorm"  # "rmsnorm" or "layernorm"
+    dropout: bool = False  # GPT-style dropout stores 1-byte masks
+    learned_position_embeddings: bool = False
+    max_position_embeddings: int = 0
+
+    # ---- parameters -------------------------------------------------------------------------------
+    @property
+    def attention_params(self) -> int:
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+
+    @property
+    def mlp_params(self) -> int:
+        matrices = 3 if self.mlp == "swiglu" else 2
+        return matrices * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Parameters of one layer that tensor parallelism splits (the weight matrices)."""
+        return self.attention_params + self.mlp_params
+
+    @property
+    def layer_norm_params(self) -> int:
+        """Norm weights of one layer, replicated across tensor-parallel ranks."""
+        return 2 * self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def embedding_params(self) -> int:
+        pos = self.max_position_embeddings * self.hidden_size if self.learned_position_embeddings else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    @property
+    def output_params(self) -> int:
+        """Output layer. Megatron-LM keeps a copy of a tied embedding on the last stage, so count it either way."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        tied_shared = self.vocab_size * self.hidden_size if self.tie_word_embeddings else 0
+        return (self.num_layers * (self.layer_matmul_params + self.layer_norm_params) + self.embedding_params
+                + self.output_params - tied_shared + self.hidden_size)
+
+    # ---- FLOPs (one forward pass, whole layer, `tokens` tokens of sequences of length `seq`) ---------
+    def layer_matmul_flops(self, tokens: float) -> float:
+        return 2.0 * tokens * self.layer_matmul_params
+
+    def layer_attention_flops(self, tokens: float, seq: float, causal: bool = True) -> float:
+        """QK^T and attention-times-V: 4 * tokens * seq * heads * head_dim; a causal mask skips half."""
+        full = 4.0 * tokens * seq * self.num_attention_heads * self.head_dim
+        return full / 2 if causal else full
+
+    def output_layer_flops(self, tokens: float) -> float:
+        return 2.0 * tokens * self.hidden_size * self.vocab_size
+
+    def megatron_model_flops(self, sequences: float, seq: int) -> float:
+        """FLOPs of one iteration (forward + backward) by Megatron-LM's `num_floating_point_operations`.
+
+        12 B s L h^2 [ (1 + g/a + s/h) q/h + (f/h) * (3/2 if SwiGLU) + V / (2 L h) ]: full (non-causal)
+        attention, no recompute. Used for MFU and model TFLOP/s so figures compare with Megatron-LM logs.
+        """
+        h, L = self.hidden_size, self.num_layers
+        q_ratio = self.num_attention_heads * self.head_dim / h
+        gated = 1.5 if self.mlp == "swiglu" else 1.0
+        return 12.0 * sequences * seq * L * h * h * (
+            (1 + self.num_kv_heads / self.num_attention_heads + seq / h) * q_ratio
+            + self.ffn_hidden_size / h * gated
+            + self.vocab_size / (2.0 * L * h))
+
+    # ---- activations (bytes per layer per micro-batch, 16-bit, before tp/cp division) --------------
+    def activation_terms(self, seq: int, micro_batch: int) -> tuple[float, float, float]:
+        """(tp-split bytes, bytes replicated across tp unless sequence parallel, attention-score bytes).
+
+        Korthikanti et al. 2022 count 34 s b h + 5 a s^2 b for a GPT layer: 24 s b h split by tp (Q, K, V,
+        attention output, the two MLP matrices' inputs/outputs), 10 s b h replicated (two norm inputs, the
+        QKV and fc1 inputs, two dropout masks) and 5 a s^2 b for the scores (softmax 2, dropout mask 1,
+        dropout output 2). Derived here for GQA (K and V are g/a of Q) and SwiGLU (fc1 writes gate and up,
+        2 f each, fc2 reads f): split = 2(Q) + 4 g/a (K, V) + 2 (output) + MLP; MLP = 2f/h*(2 + 2) for GELU
+        and 2f/h*(2 + 1) for SwiGLU, in units of s b h bytes.
+        """
+        sbh = float(seq) * micro_batch * self.hidden_size
+        q_ratio = self.num_attention_heads * self.head_dim / self.hidden_size
+        kv_ratio = self.num_kv_heads * self.head_dim / self.hidden_size
+        ffn_ratio = self.ffn_hidden_size / self.hidden_size
+        mlp = ffn_ratio * (6.0 if self.mlp == "swiglu" else 4.0)
+        split = sbh * (2 * q_ratio + 4 * kv_ratio + 2 * q_ratio + mlp)
+        replicated = sbh * (8.0 + (2.0 if self.dropout else 0.0))
+        scores = float(self.num_attention_heads) * seq * seq * micro_batch * (5.0 if self.dropout else 2.0)
+        return split, replicated, scores
+
+
+def model_from_dict(data: dict, file: str, path: str = "model") -> Model:
+    """Build a `Model` from Hugging Face `config.json` fields (strict: unknown keys are errors)."""
+    if isinstance(data, dict):  # sizes written as null mean the default
+        data = {k: v for k, v in data.items() if not (k in _HF_NULLABLE and v is None)}
+    sec = Section(data, file, path)
+    moe = sorted(k for k in _MOE_KEYS if k in data and data[k] not in (None, 0, 1))
+    if moe:
+        raise sec.error(moe[0], f"mixture-of-experts models are not supported yet (got {data[moe[0]]!r}; expert "
+                                "parallelism is planned)")
+    if "text_config" in data:
+        # Multimodal wrappers (LLaVA, Mllama, ...) nest the language model, which is what is planned; the vision
+        # tower is not. The wrapper's name and tie_word_embeddings apply where the text config has none.
+        sub = sec.section("text_config")
+        inherited = {k: data[k] for k in ("name", "_name_or_path", "tie_word_embeddings") if k in data}
+        return model_from_dict({**inherited, **sub.data}, file, sub.path)
+    stem = Path(file).parent.name if Path(file).name == "config.json" else Path(file).stem
+    name = sec.string("name", default=sec.data.get("_name_or_path") or stem)
+    # GPT-2 names where the config uses them; a size given under neither name is reported by its HF name
+    layers = sec.integer("n_layer" if sec.has("n_layer") and not sec.has("num_hidden_layers") else "num_hidden_layers")
+    hidden = sec.integer("n_embd" if sec.has("n_embd") and not sec.has("hidden_size") else "hidden_size")
+    heads = sec.integer("n_head" if sec.has("n_head") and not sec.has("num_attention_heads") else "num_attention_heads")
+    kv_heads = sec.integer("num_key_value_heads", default=heads)
+    act = sec.string("hidden_act", default=sec.data.get("activation_function", "silu"))
+    sec.raw("activation_function", None)
+    if act not in _HF_ACTIVATIONS:
+        raise sec.error("hidden_act", f"expected one of {', '.join(sorted(_HF_ACTIVATIONS))}; got {act!r}")
+    mlp = _HF_ACTIVATIONS[act]
+    ffn_default = 4 * hidden if mlp == "gelu" else None
+    if sec.has("intermediate_size") or ffn_default is None:
+        ffn = sec.integer("intermediate_size")
+    else:
+        ffn = sec.integer("n_inner", default=None) or ffn_default
+    sec.raw("n_inner", None)
+    vocab = sec.integer("vocab_size")
+    if hidden % heads and not sec.has("head_dim"):
+        raise sec.error("num_attention_heads", f"hidden_size {hidden} is not divisible by {heads} heads; give head_dim")
+    head_dim = sec.integer("head_dim", default=hidden // heads)
+    if heads % kv_heads:
+        raise sec.error("num_key_value_heads", f"num_attention_heads {heads} is not divisible by {kv_heads} kv heads")
+    tie = sec.boolean("tie_word_embeddings", default=False)
+    norm = sec.string("norm", default="rmsnorm" if mlp == "swiglu" else "layernorm", choices=("rmsnorm", "layernorm"))
+    probabilities = [sec.number(k, positive=False, minimum=0.0, maximum=1.0) for k in _HF_DROPOUT if sec.has(k)]
+    dropout = sec.boolean("dropout", default=any(p > 0 for p in probabilities) if probabilities else mlp == "gelu")
+    learned = sec.boolean("learned_position_embeddings", default=False)
+    max_pos = sec.integer("max_position_embeddings", default=0, minimum=0)
+    for key in list(data):
+        if key in _HF_IGNORED:
+            sec.raw(key)
+    sec.done()
+    return Model(name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+                 num_kv_heads=kv_heads, vocab_size=vocab, head_dim=head_dim, tie_word_embeddings=tie, mlp=mlp,
+                 norm=norm, dropout=dropout, learned_position_embeddings=learned, max_position_embeddings=max_pos)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def read_json_file(path: Path, file: str, field: str) -> dict:
+    """A referenced JSON object (preset, HF config.json). Problems with the document as a whole are reported at
+    the referencing `field` of `file`, naming the path; a bad field inside it names that file and field."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(file, field, f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(file, field, f"{path} is a directory; expected the config.json file (inside it?)") from None
+    except OSError as exc:
+        raise InputError(file, field, f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = parse_json(decode_text(raw, str(path)), str(path))
+    except InputError as exc:
+        if exc.field != "<root>":
+            raise
+        raise InputError(file, field, f"{path}: {exc.problem}") from None
+    if not isinstance(data, dict):
+        raise InputError(file, field, f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def load_model_section(data: dict, file: str, base_dir: Path) -> Model:
+    """The instance's `model` section: HF fields inline, `{"preset": name}` or `{"hf_config": path}`."""
+    sec = Section(data, file, "model")
+    if sec.has("preset"):
+        name = sec.string("preset")
+        sec.done()
+        path = PRESET_DIR / f"{name}.json"
+        if name not in preset_names():  # a name, not a path: "../x" must not reach other files
+            raise sec.error("preset", f"unknown preset {name!r}; expected one of {', '.join(preset_names())}")
+        return model_from_dict(read_json_file(path, file, "model.preset"), str(path), "")
+    if sec.has("hf_config"):
+        rel = sec.string("hf_config")
+        sec.done()
+        path = (base_dir / rel).resolve()
+        if path == Path(file).resolve():
+            raise sec.error("hf_config", "refers to the instance file itself; expected a Hugging Face config.json")
+        return model_from_dict(read_json_file(path, file, "model.hf_config"), str(path), "")
+    return model_from_dict(data, file, "model")

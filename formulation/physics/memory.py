@@ -1,0 +1,204 @@
+"""Memory per GPU of every pipeline stage (docs/model.md (M1)-(M7)).
+
+All quantities are bytes per GPU. The formulas are written so that each stage's memory is an affine
+function of its layer count for a fixed configuration: the exact program relies on that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from formulation.physics import cost
+from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    weights_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    buffers_gib: float  # ZeRO-3 gather buffers, transient logits
+    overhead_gib: float  # CUDA context / NCCL + fragmentation
+    limit_gib: float  # memory_limit_fraction x the GPU's memory (smallest GPU of the stage)
+    capacity_gib: float  # the GPU's memory (smallest GPU of the stage)
+
+    @property
+    def total_gib(self) -> float:
+        return (self.weights_gib + self.gradients_gib + self.optimizer_gib + self.activations_gib
+                + self.buffers_gib + self.overhead_gib)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.limit_gib * (1 + 1e-12)
+
+
+@dataclass(frozen=True)
+class MemoryCoefficients:
+    """Per-GPU bytes of one stage as `fixed + per_layer * layers` for each component (exact-program friendly)."""
+
+    weights: tuple[float, float]
+    gradients: tuple[float, float]
+    optimizer: tuple[float, float]
+    activations: tuple[float, float]
+    buffers: tuple[float, float]
+
+
+def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int) -> float:
+    """(M5) Layer activations held at the peak, in units of one layer for one micro-batch.
+
+    1F1B: stage i holds min(pp - i, m) micro-batches of its layers. Interleaved (vpp = v): Megatron-LM warms
+    up (pp - i - 1) * 2 + (v - 1) * pp chunks and keeps one more in flight, each chunk layers / v layers.
+    """
+    if vpp == 1:
+        return min(pp - stage, num_micro_batches) * layers
+    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, num_micro_batches * vpp)
+    return chunks * layers / vpp
+
+
+def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int) -> float:
+    """Micro-batches whose first-stage extras (embedding output) are alive at the peak."""
+    if vpp == 1:
+        return min(pp - stage, num_micro_batches)
+    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp) / vpp)
+
+
+def layer_activation_bytes(model, job, p) -> tuple[float, float]:
+    """(M4) (bytes kept per layer per micro-batch, working bytes of one layer during its backward).
+
+    Korthikanti et al. 2022 terms from `Model.activation_terms`, per GPU: tp-split terms / tp; replicated
+    terms / tp with sequence parallelism (else whole); attention scores / tp unless flash attention, which
+    keeps only fp32 softmax statistics (4 a s b / tp). Context parallelism divides the sequence by cp.
+    selective recompute drops the scores; full recompute keeps only the layer input 2 s b h (/ tp with
+    sequence parallelism) and needs one layer's full activations while it recomputes.
+    """
+    seq = job.seq_length / p.cp
+    split, replicated, scores = model.activation_terms(seq, p.micro_batch_size)
+    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
+    if job.flash_attention:
+        attention = 4.0 * model.num_attention_heads * seq * p.micro_batch_size / p.tp
+    else:
+        attention = scores * p.cp / p.tp  # a local query block against the whole key sequence
+    full_layer = split / p.tp + replicated / sp + attention
+    if p.recompute == "none":
+        return full_layer, 0.0
+    if p.recompute == "selective" and job.software_stack == "torchtitan" and job.flash_attention \
+            and cost.term("op_level_selective"):
+        return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), 0.0
+    if p.recompute == "selective":
+        kept = split / p.tp + replicated / sp + (attention if job.flash_attention else 0.0)
+        return kept, (0.0 if job.flash_attention else attention)
+    return 2.0 * seq * p.micro_batch_size * model.hidden_size / sp, full_layer
+
+
+def op_level_selective_bytes(model, seq: float, micro_batch: int, tp: int, sp: int) -> float:
+    """torchtitan's op-level selective checkpointing keeps, per layer, the block input and the outputs of the
+    matmuls it does not recompute (wq, wv, w1, w2 of the seven wq wk wv wo w1 w3 w2: every second one is
+    recomputed) and of SDPA (output and fp32 log-sum-exp), all 16-bit: 2 s b (h + q + kv + q + f + h) bytes,
+    the head-width and MLP terms split by tp, the two h-wide terms by sequence parallelism."""
+    tokens = seq * micro_batch
+    q = model.num_attention_heads * model.head_dim
+    kv = model.num_kv_heads * model.head_dim
+    split = 2.0 * tokens * (q + kv + q + model.ffn_hidden_size) + 4.0 * tokens * model.num_attention_heads
+    return split / tp + 2.0 * tokens * 2 * model.hidden_size / sp
+
+
+def fp8_weight_copy_bytes(job, p, layer_params: float) -> tuple[float, float]:
+    """(M6) Transformer Engine keeps an FP8 copy of every layer's GEMM weights and its transpose for the
+    backward (1 + 1 byte per parameter), for the whole iteration (reused across micro-batches); with ZeRO-3
+    (torchao's FP8 all-gather) only the two layers in flight are unsharded. Returns (fixed, per layer)."""
+    if job.precision != "fp8" or not cost.term("fp8_weight_copies"):
+        return 0.0, 0.0
+    if p.zero_stage >= 3:
+        return 2 * layer_params * 2.0, 0.0
+    return 0.0, layer_params * 2.0
+
+
+def loss_bytes_per_logit(job) -> float:
+    """Bytes per logit alive at the loss: Megatron-LM's fused vocab-parallel cross entropy keeps the bf16 logits
+    and one fp32 copy it works in place on (2 + 4). torchtitan calls PyTorch's cross entropy on
+    `logits.float()`: bf16 logits, the fp32 copy, the fp32 log-softmax saved for backward and its fp32
+    gradient (2 + 4 + 4 + 4)."""
+    if job.software_stack == "torchtitan" and cost.term("unfused_loss_buffers"):
+        return 14.0
+    return 6.0
+
+
+def unsharded_pipeline_bytes(job, p) -> float:
+    """torchtitan with pipeline parallelism does not reshard FSDP parameters after forward (its documented
+    `reshard_after_forward` default when pp > 1), so a stage keeps its layers' bf16 parameters unsharded and
+    accumulates their gradients unsharded in the fp32 reduce dtype across micro-batches: 2 + 4 bytes per local
+    parameter, on top of the shards."""
+    if job.software_stack == "torchtitan" and p.pp > 1 and p.zero_stage >= 3 and cost.term("fsdp_pp_unsharded"):
+        return 6.0
+    return 0.0
+
+
+def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
+    """(M1)-(M6) Per-GPU bytes of `stage` as affine functions of its layer count."""
+    model, job = instance.model, instance.training
+    w_bytes, g_bytes, o_bytes = job.bytes_per_param_state
+    shard = p.dp * p.cp  # Megatron's distributed optimizer shards over dp x cp
+    layer_params = model.layer_matmul_params / p.tp + model.layer_norm_params
+    fixed_params = 0.0
+    if stage == 0:
+        fixed_params += model.embedding_params / p.tp
+    if stage == p.pp - 1:
+        fixed_params += model.output_params / p.tp + model.hidden_size
+    # (M1)-(M3) weights, gradients, optimizer state
+    w_div = shard if p.zero_stage >= 3 else 1
+    o_div = shard if p.zero_stage >= 1 else 1
+    weights = (fixed_params * w_bytes / w_div, layer_params * w_bytes / w_div)
+    gradients = (fixed_params * g_bytes / w_div, layer_params * g_bytes / w_div)
+    optimizer = (fixed_params * o_bytes / o_div, layer_params * o_bytes / o_div)
+    # (M4)-(M5) activations
+    m = p.num_micro_batches(job.global_batch_size)
+    kept, working = layer_activation_bytes(model, job, p)
+    seq = job.seq_length / p.cp
+    sbh = seq * p.micro_batch_size * model.hidden_size
+    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
+    per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1)
+    act_fixed = working
+    if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input
+        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m) * sbh / sp
+    buf_fixed = 0.0
+    if stage == p.pp - 1:  # final norm and output-layer inputs; the logits and the loss's buffers
+        act_fixed += 4 * sbh / sp
+        buf_fixed += seq * p.micro_batch_size * model.vocab_size / p.tp * loss_bytes_per_logit(job)
+    activations = (act_fixed, kept * per_layer_units)
+    # (M6) buffers: ZeRO-3 gathers two layers ahead (bf16) and reduce-scatters one layer's gradients
+    if p.zero_stage >= 3:
+        buf_fixed += layer_params * (2 * w_bytes + g_bytes)
+    buf_per_layer = layer_params * unsharded_pipeline_bytes(job, p)
+    if job.software_stack in DEEPSPEED and 1 <= p.zero_stage < 3:
+        # DeepSpeed ZeRO-1 stages its reduce-scatter and all-gather through two 16-bit bucket buffers
+        buf_fixed += 2 * DEEPSPEED_BUCKET_ELEMENTS * 2.0
+    fp8_fixed, fp8_per_layer = fp8_weight_copy_bytes(job, p, model.layer_matmul_params / p.tp)
+    return MemoryCoefficients(weights, gradients, optimizer, activations,
+                              (buf_fixed + fp8_fixed, buf_per_layer + fp8_per_layer))
+
+
+def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: MemoryCoefficients | None = None
+                 ) -> StageMemory:
+    """(M7) total = static + dynamic x (1 + fragmentation) + runtime overhead; fits if <= fraction x capacity.
+
+    Weights, gradients and optimizer state live in contiguous buffers allocated once (Megatron-LM's param
+    and grad buffers, the distributed optimizer's shards), so only the dynamic allocations (activations,
+    temporary buffers) fragment the caching allocator.
+    """
+    c = coefficients or memory_coefficients(instance, p, stage)
+
+    def gib(pair: tuple[float, float]) -> float:
+        return (pair[0] + pair[1] * layers) / GIB
+
+    weights, grads, optim = gib(c.weights), gib(c.gradients), gib(c.optimizer)
+    acts, bufs = gib(c.activations), gib(c.buffers)
+    frag = gpu_type.fragmentation_fraction * (acts + bufs)
+    return StageMemory(stage=stage, weights_gib=weights, gradients_gib=grads, optimizer_gib=optim,
+                       activations_gib=acts, buffers_gib=bufs, overhead_gib=gpu_type.runtime_overhead_gib + frag,
+                       limit_gib=instance.training.memory_limit_fraction * gpu_type.memory_gib,
+                       capacity_gib=gpu_type.memory_gib)

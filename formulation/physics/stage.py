@@ -1,0 +1,126 @@
+"""How one pipeline stage's time is composed from map-independent constants and its groups' communication
+times. Shared by the evaluator (with numbers) and by the exact program and bounds (which encode the same
+composition as constraints), so the composition is written down once here and checked by tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from formulation.physics import cost
+from formulation.physics.memory import memory_coefficients
+
+
+@dataclass(frozen=True)
+class StageConstants:
+    """Per-layer and per-stage quantities that do not depend on which GPUs run the stage (one GPU type)."""
+
+    f_compute: float  # forward compute of one layer, one micro-batch
+    b_compute: float  # backward compute incl. recompute
+    matmul_fwd: float  # GEMM part of the forward (what tp comm overlap can hide behind)
+    attention_fwd: float  # attention core forward (what the cp ring hides behind)
+    recompute_passes: float
+    output_fwd: float  # output layer forward on the last stage, else 0
+    params_fixed: float  # stage parameters per GPU = params_fixed + params_per_layer x layers (unsharded)
+    params_per_layer: float
+    layer_params: float  # one layer's parameters per GPU (ZeRO-3 gathers)
+
+    def window_b(self, layers: int) -> float:
+        """Compute-only backward of the last micro-batch: hides the gradient reduce-scatter (C11)."""
+        return layers * self.b_compute + 2 * self.output_fwd
+
+    def window_f(self, layers: int) -> float:
+        """Compute-only forward of the first micro-batch: hides the parameter all-gather (C11)."""
+        return layers * self.f_compute + self.output_fwd
+
+    def stage_params(self, layers: int) -> float:
+        return self.params_fixed + self.params_per_layer * layers
+
+
+def stage_constants(instance, p, stage: int, gpu_type) -> StageConstants:
+    model, job = instance.model, instance.training
+    lt = cost.layer_compute(model, job, p, gpu_type)
+    extra, rp = cost.recompute_extra(lt, p.recompute, job.software_stack)
+    b_compute = 2 * lt.forward + extra
+    w_bytes = job.bytes_per_param_state[0]
+    c = memory_coefficients(instance, p, stage)
+    unshard = p.dp * p.cp if p.zero_stage >= 3 else 1
+    return StageConstants(
+        f_compute=lt.forward, b_compute=b_compute, matmul_fwd=lt.matmul_fwd, attention_fwd=lt.attention_fwd,
+        recompute_passes=rp,
+        output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == p.pp - 1 else 0.0,
+        params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=c.weights[1] / w_bytes * unshard,
+        layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """One layer, one micro-batch, on the critical path of its stage."""
+
+    forward: float
+    backward: float
+    tp: float  # exposed tensor-parallel communication (forward + backward)
+    cp: float
+    zero3: float
+
+
+def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: float, rs: float) -> LayerTime:
+    """(C6), (C8), (C12): exposed communication of one layer given its stage's slowest groups.
+
+    tp, cp: forward communication of the slowest tp / cp group; ag, rs: ZeRO-3 per-layer all-gather and
+    reduce-scatter of the slowest data-parallel group (0 without ZeRO-3). Non-decreasing in every argument.
+    """
+    if tp_overlap:  # what the GEMMs cannot hide, and at least the share contention leaves exposed
+        num, den = cost.tp_overlap_exposed()
+        floor = num * tp / den
+        tp_f, tp_b = max(floor, tp - k.matmul_fwd), max(floor, tp - 2 * k.matmul_fwd)
+    else:
+        tp_f, tp_b = tp, tp
+    tp_b += k.recompute_passes * tp_f
+    cp_f = max(0.0, cp - k.attention_fwd)
+    cp_b = 2 * cp_f * (1 + k.recompute_passes / 2)
+    # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
+    z3_f = max(0.0, ag - (k.f_compute + tp_f + cp_f))
+    z3_b = max(0.0, ag + rs - (k.b_compute + tp_b + cp_b))
+    return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f, backward=k.b_compute + tp_b + cp_b + z3_b,
+                     tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b)
+
+
+def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str, float, bool, float]]:
+    """(C11) The stage's data-parallel synchronisation as (collective, message bytes, overlapped, window).
+
+    zero 0: all-reduce of the gradients; zero 1: reduce-scatter of gradients + all-gather of parameters;
+    zero 3 synchronises per layer instead (C12), so nothing here.
+    """
+    job = instance.training
+    if p.dp * p.cp == 1 or p.zero_stage >= 3:
+        return []
+    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    params = k.stage_params(layers)
+    if p.zero_stage == 0:
+        return [("all_reduce", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers))]
+    return [("reduce_scatter", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers)),
+            ("all_gather", params * w_bytes, job.overlap_param_gather, k.window_f(layers))]
+
+
+def stage_passes(k: StageConstants, lt: LayerTime, layers: int) -> tuple[float, float]:
+    """A stage's forward and backward for one micro-batch: its layers, plus on the last stage the output
+    layer and loss (forward, then 2x for backward, never recomputed)."""
+    return layers * lt.forward + k.output_fwd, layers * lt.backward + 2 * k.output_fwd
+
+
+def dp_sync(instance, p, k: StageConstants, layers: int, slowest) -> tuple[float, float]:
+    """(C11) The stage's data-parallel sync and its exposed part: `slowest(kind, message)` is the time of the
+    stage's slowest dp group for that collective."""
+    total = exposed = 0.0
+    for kind, message, overlapped, window in dp_sync_parts(instance, p, k, layers):
+        time = slowest(kind, message)
+        total += time
+        exposed += max(0.0, time - window) if overlapped else time
+    return total, exposed
+
+
+def iteration_time(pipe: float, chain: float, dp_exposed: float, optimizer: float, overhead: float) -> float:
+    """(C14) The iteration: schedule, send/receive chain, then the slowest exposed dp sync, optimizer step and
+    per-iteration overhead (in this order of addition everywhere, so every scorer agrees to the bit)."""
+    return pipe + chain + dp_exposed + optimizer + overhead

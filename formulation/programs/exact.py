@@ -1,0 +1,422 @@
+"""The exact mathematical program for one configuration (docs/programs.md (P1)-(P12)).
+
+Decides the layer partition and the rank-to-GPU map of one configuration (tp, pp, cp, dp, vpp, micro-batch,
+recompute, zero_stage) so that the evaluator's iteration time is minimal. Ranks are assigned to *uniform
+classes* (`Cluster.uniform_classes`: GPUs of a node that are interchangeable), which is exact because
+the evaluator cannot tell two maps apart that differ by a permutation inside a class.
+
+Every physical number is computed by formulation.physics.cost / stage / memory; this module only encodes how
+they combine. All time variables carry integer coefficients and every constant is in seconds, so the
+CP-SAT backend can scale constants to integers (`Program.time_unit_s` is the MILP's unit).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formulation.physics import cost
+from formulation.physics.cost import GroupLinks
+from formulation.physics.memory import stage_memory
+from formulation.programs.mip import Program
+from formulation.placement import Placement
+from formulation.space import Config
+from formulation.physics.stage import dp_sync_parts, layer_time, stage_constants
+
+INF = float("inf")
+
+
+@dataclass
+class _Group:
+    """A communication group of ranks and its decision variables."""
+
+    ranks: list[int]
+    member: dict[int, int] = field(default_factory=dict)  # class -> o variable (class hosts a member)
+    shape: dict[tuple[int, int], int] = field(default_factory=dict)  # (nodes N, per-node k) -> sigma
+    level_intra: dict[int, int] = field(default_factory=dict)  # bandwidth level -> zeta (an intra pair at it)
+    level_inter: dict[int, int] = field(default_factory=dict)
+
+
+class _Builder:
+    def __init__(self, instance, config: Config):
+        self.inst, self.c = instance, config
+        self.cluster = instance.cluster
+        self.prog = Program(config=config, classes=instance.cluster.uniform_classes())
+        self.template = Placement(tp=config.tp, pp=config.pp, cp=config.cp, dp=config.dp, vpp=config.vpp,
+                                  micro_batch_size=config.micro_batch_size, recompute=config.recompute,
+                                  zero_stage=config.zero_stage,
+                                  layers_per_stage=(1,) * config.pp, gpus=tuple(range(self._world())))
+        self.class_node = [int(self.cluster.gpu_node[cls[0]]) for cls in self.prog.classes]
+        bws = set()
+        for u, cls in enumerate(self.prog.classes):
+            for v, other in enumerate(self.prog.classes):
+                if u != v or len(cls) > 1:
+                    bws.add(self._bw(u, v))
+        self.levels = sorted(bws)  # distinct bandwidths, GB/s
+        self.unit = self.prog.time_unit_s
+
+    def _world(self) -> int:
+        c = self.c
+        return c.tp * c.pp * c.cp * c.dp
+
+    def _bw(self, u: int, v: int) -> float:
+        a = self.prog.classes[u][0]
+        b = self.prog.classes[v][1] if u == v else self.prog.classes[v][0]
+        return self.cluster.bandwidth(a, b)
+
+    def t(self, seconds: float) -> float:
+        """Seconds -> the program's time unit."""
+        return seconds / self.unit
+
+
+def build_program(instance, config: Config) -> Program:
+    """(P1)-(P12) for one configuration; raises ValueError if no partition fits in memory."""
+    b = _Builder(instance, config)
+    gpu_types = {b.cluster.nodes[n].gpu_type for n in range(len(b.cluster.nodes))}
+    if len(gpu_types) != 1:
+        raise ValueError("the exact program handles one GPU type per cluster (mixed clusters are composed from islands: solvers/search/mixed.py)")
+    b.gpu_type = b.cluster.gpu_types[gpu_types.pop()]
+    _assignment(b)
+    _partition_and_memory(b)
+    stage_time = [_stage_time(b, i) for i in range(config.pp)]
+    dp_exposed = [_dp_sync(b, i) for i in range(config.pp)]
+    chain = _p2p_chain(b)
+    _objective(b, stage_time, dp_exposed, chain)
+    _symmetry_breaking(b)
+    b.prog.tighten_upper_bounds()
+    return b.prog
+
+
+def _assignment(b: _Builder) -> None:
+    """(P1) x[r, u] = 1 iff rank r runs on a GPU of class u: sum_u x[r, u] = 1, sum_r x[r, u] = |u|."""
+    prog = b.prog
+    world = b._world()
+    for r in range(world):
+        for u in range(len(prog.classes)):
+            prog.assign[(r, u)] = prog.var(f"x[{r},{u}]", "binary")
+        prog.add({prog.assign[(r, u)]: 1 for u in range(len(prog.classes))}, "==", 1, "P1 assignment")
+    for u, cls in enumerate(prog.classes):
+        prog.add({prog.assign[(r, u)]: 1 for r in range(world)}, "<=", len(cls), "P1 class capacity")
+
+
+def _partition_and_memory(b: _Builder) -> None:
+    """(P2) one-hot layer counts lambda[i, q], sum_i sum_q q lambda[i, q] = L, stages contiguous by order.
+    (P3) memory: q is allowed on stage i only if the stage's memory (M1)-(M7), affine in q, fits."""
+    prog, c, L = b.prog, b.c, b.inst.model.num_layers
+    total = {}
+    for i in range(c.pp):
+        allowed = [q for q in range(1, L - c.pp + 2)
+                   if (c.vpp == 1 or q % c.vpp == 0) and stage_memory(b.inst, b.template, i, q, b.gpu_type).fits]
+        if not allowed:
+            need = stage_memory(b.inst, b.template, i, 1, b.gpu_type)
+            raise ValueError(f"stage {i} needs {need.total_gib:.1f} GiB with one layer, limit {need.limit_gib:.1f} GiB")
+        for q in allowed:
+            prog.layers[(i, q)] = prog.var(f"lambda[{i},{q}]", "binary")
+            total[prog.layers[(i, q)]] = q
+        prog.add({prog.layers[(i, q)]: 1 for q in allowed}, "==", 1, "P2 one layer count per stage")
+    prog.add(total, "==", L, "P2 all layers placed")
+
+
+def _group(b: _Builder, ranks, family: str) -> _Group:
+    """(P4) membership o[g, u] >= x[r, u]; node counts as one-hot w[g, n, q]; shape sigma[g, N, k]: the group
+    spans N nodes with at least k members on each, and exactly k on one. (P5) zeta[g, level] >= o + o - 1 for
+    every class pair at that bandwidth level (intra-node and inter-node separately; a class with two
+    members is a pair of its own)."""
+    prog, ranks = b.prog, [int(r) for r in ranks]
+    g = _Group(ranks)
+    n = len(ranks)
+    for u in range(len(prog.classes)):
+        g.member[u] = prog.var(f"o[{family}{ranks[0]},{u}]", "binary")
+        for r in ranks:
+            prog.add({g.member[u]: 1, prog.assign[(r, u)]: -1}, ">=", 0, f"P4 {family} membership")
+    nodes = sorted(set(b.class_node))
+    counts = {}
+    for node in nodes:
+        cap = min(n, sum(len(prog.classes[u]) for u in range(len(prog.classes)) if b.class_node[u] == node))
+        w = {q: prog.var(f"w[{family}{ranks[0]},{node},{q}]", "binary") for q in range(cap + 1)}
+        prog.add(dict.fromkeys(w.values(), 1), "==", 1, f"P4 {family} node count one-hot")
+        terms = {w[q]: q for q in w}
+        for u in range(len(prog.classes)):
+            if b.class_node[u] == node:
+                for r in ranks:
+                    terms[prog.assign[(r, u)]] = terms.get(prog.assign[(r, u)], 0) - 1
+        prog.add(terms, "==", 0, f"P4 {family} node count")
+        counts[node] = w
+    shapes = [(1, n)] + [(N, k) for N in range(2, min(n, len(nodes)) + 1) for k in range(1, n // N + 1)]
+    for N, k in shapes:
+        g.shape[(N, k)] = prog.var(f"sigma[{family}{ranks[0]},{N},{k}]", "binary")
+    prog.add(dict.fromkeys(g.shape.values(), 1), "==", 1, f"P4 {family} one shape")
+    terms = {g.shape[s]: s[0] for s in shapes}
+    for node in nodes:
+        terms[counts[node][0]] = terms.get(counts[node][0], 0) + 1
+    prog.add(terms, "==", len(nodes), f"P4 {family} nodes spanned")  # N = sum_n (1 - w[n, 0])
+    for node in nodes:
+        for q, wv in counts[node].items():
+            if q >= 1:  # k <= every non-zero count
+                prog.add({**{g.shape[s]: s[1] for s in shapes}, wv: n}, "<=", q + n, f"P4 {family} k is a min")
+    for k in {s[1] for s in shapes}:  # k is attained on some node
+        terms = {g.shape[s]: 1 for s in shapes if s[1] == k}
+        for node in nodes:
+            if k in counts[node]:
+                terms[counts[node][k]] = terms.get(counts[node][k], 0) - 1
+        prog.add(terms, "<=", 0, f"P4 {family} k attained")
+    for u, v in itertools.combinations_with_replacement(range(len(prog.classes)), 2):
+        if u == v and len(prog.classes[u]) < 2:
+            continue
+        level = b.levels.index(b._bw(u, v))
+        table = g.level_intra if b.class_node[u] == b.class_node[v] else g.level_inter
+        if level not in table:
+            table[level] = prog.var(f"zeta[{family}{ranks[0]},{level}]", "binary")
+        if u == v:  # two members in one class: (cap - 1) zeta >= x-count - 1
+            cap = min(n, len(prog.classes[u]))
+            prog.add({table[level]: cap - 1, **{prog.assign[(r, u)]: -1 for r in ranks}}, ">=", -1,
+                     f"P5 {family} pair level")
+        else:
+            prog.add({table[level]: 1, g.member[u]: -1, g.member[v]: -1}, ">=", -1, f"P5 {family} pair level")
+    return g
+
+
+def _group_time(b: _Builder, g: _Group, fn, family: str) -> int:
+    """(P6) Time of one group as intra part + inter part + latency part, each selected by shape and level:
+    X_I >= A(s, b_k) (sigma_s + zeta_I[k] - 1), X_E likewise, D >= D(s) sigma_s; fn(links) is the cost
+    model's time of a group with given links (additive in the two levels, see (C5))."""
+    prog = b.prog
+    n = len(g.ranks)
+    x_i = prog.var(f"XI[{family}{g.ranks[0]}]")
+    x_e = prog.var(f"XE[{family}{g.ranks[0]}]")
+    total = prog.var(f"T[{family}{g.ranks[0]}]")
+    latency = {}
+    for (N, k), sigma in g.shape.items():
+        base = fn(GroupLinks(n, INF, INF, N, k))
+        latency[sigma] = b.t(base)
+        for level, zeta in g.level_intra.items():
+            coef = b.t(fn(GroupLinks(n, b.levels[level], INF, N, k)) - base)
+            if coef > 0:
+                prog.add({x_i: 1, sigma: -coef, zeta: -coef}, ">=", -coef, f"P6 {family} intra part")
+        for level, zeta in g.level_inter.items():
+            coef = b.t(fn(GroupLinks(n, INF, b.levels[level], N, k)) - base)
+            if coef > 0:
+                prog.add({x_e: 1, sigma: -coef, zeta: -coef}, ">=", -coef, f"P6 {family} inter part")
+    prog.add({total: 1, x_i: -1, x_e: -1, **{s: -v for s, v in latency.items()}}, ">=", 0, f"P6 {family} time")
+    return total
+
+
+def _stage_time(b: _Builder, i: int) -> int:
+    """(P7) per-layer time u_i = layer_time(tp, cp, ag, rs) of formulation/physics/stage.py, encoded with
+    max(0, .) as two lower bounds each; (P8) stage time t_i = l_i u_i + 3 out_i by McCormick on the one-hot
+    layer count: y_i >= q u_i - q U_i (1 - lambda[i, q])."""
+    prog, inst, c, tpl = b.prog, b.inst, b.c, b.template
+    model, job, cluster = inst.model, inst.training, b.cluster
+    k = stage_constants(inst, tpl, i, b.gpu_type)
+    b.stage_constants = getattr(b, "stage_constants", {})
+    b.stage_constants[i] = k
+    tp_vars, cp_vars, ag_vars, rs_vars = [], [], [], []
+    if c.tp > 1:
+        for ranks in tpl.tp_groups(i):
+            g = _group(b, ranks, f"tp{i}.")
+            tp_vars.append(_group_time(b, g, lambda lk: cost.tp_layer_comm(model, job, tpl, lk, cluster), f"tp{i}."))
+    if c.cp > 1:
+        for ranks in tpl.cp_groups(i):
+            g = _group(b, ranks, f"cp{i}.")
+            tp_like = _cp_time(b, g, i)
+            cp_vars.append(tp_like)
+    b.dp_groups = getattr(b, "dp_groups", {})
+    if c.dp * c.cp > 1:
+        b.dp_groups[i] = [_group(b, ranks, f"dp{i}.") for ranks in tpl.dp_cp_groups(i)]
+    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    if c.zero_stage >= 3 and c.dp * c.cp > 1:
+        for g in b.dp_groups[i]:
+            ag_vars.append(_group_time(b, g, lambda lk: cost.collective_time(
+                "all_gather", k.layer_params * w_bytes, lk, cluster), f"ag{i}."))
+            rs_vars.append(_group_time(b, g, lambda lk: cost.collective_time(
+                "reduce_scatter", k.layer_params * g_bytes, lk, cluster), f"rs{i}."))
+
+    def stage_max(vars_, name):
+        m = prog.var(f"{name}[{i}]")
+        for v in vars_:
+            prog.add({m: 1, v: -1}, ">=", 0, f"P7 slowest {name} group")
+        return m
+
+    tp, cp, ag, rs = (stage_max(v, n) for v, n in ((tp_vars, "TP"), (cp_vars, "CP"), (ag_vars, "AG"), (rs_vars, "RS")))
+    rp = k.recompute_passes
+    tp_f, tp_b0, cp_f, z3_f, z3_b = (prog.var(f"{n}[{i}]") for n in ("tpf", "tpb", "cpf", "z3f", "z3b"))
+    if job.tp_comm_overlap:
+        prog.add({tp_f: 1, tp: -1}, ">=", -b.t(k.matmul_fwd), "P7 tp exposed")
+        prog.add({tp_b0: 1, tp: -1}, ">=", -b.t(2 * k.matmul_fwd), "P7 tp exposed")
+        num, den = cost.tp_overlap_exposed()  # contention: at least num/den of the overlapped time
+        prog.add({tp_f: den, tp: -num}, ">=", 0, "P7 tp exposed share")
+        prog.add({tp_b0: den, tp: -num}, ">=", 0, "P7 tp exposed share")
+    else:
+        prog.add({tp_f: 1, tp: -1}, ">=", 0, "P7 tp exposed")
+        prog.add({tp_b0: 1, tp: -1}, ">=", 0, "P7 tp exposed")
+    prog.add({cp_f: 1, cp: -1}, ">=", -b.t(k.attention_fwd), "P7 cp exposed")
+    # cp_b = 2 cp_f (1 + rp / 2) = (2 + rp) cp_f; tp_b = tp_b0 + rp tp_f
+    prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
+    prog.add({z3_b: 1, ag: -1, rs: -1, tp_b0: 1, tp_f: rp, cp_f: 2 + rp}, ">=", -b.t(k.b_compute),
+             "P7 zero3 exposed")
+    u = prog.var(f"u[{i}]")
+    prog.add({u: 1, tp_f: -(1 + rp), tp_b0: -1, cp_f: -(3 + rp), z3_f: -1, z3_b: -1}, "==",
+             b.t(k.f_compute + k.b_compute), "P7 per-layer time")
+    u_max = b.t(_per_layer_upper_bound(b, k))
+    y = prog.var(f"y[{i}]")
+    for (stage, q), lam in prog.layers.items():
+        if stage == i:
+            prog.add({y: 1, u: -q, lam: -q * u_max}, ">=", -q * u_max, "P8 stage time McCormick")
+    t_i = prog.var(f"t[{i}]")
+    prog.add({t_i: 1, y: -1}, "==", b.t(3 * k.output_fwd), "P8 stage time")
+    return t_i
+
+
+def _cp_time(b: _Builder, g: _Group, i: int) -> int:
+    """(P6') Ring attention: (cp - 1)(alpha + block / bw) at the slowest pair of any level; alpha is the
+    inter-node latency when the ring spans nodes."""
+    prog, inst, tpl = b.prog, b.inst, b.template
+    one = cost.cp_layer_comm(inst.model, inst.training, tpl, INF, True, b.cluster)
+    spans = cost.cp_layer_comm(inst.model, inst.training, tpl, INF, False, b.cluster)
+    x = prog.var(f"XC[cp{g.ranks[0]}]")
+    total = prog.var(f"T[cp{g.ranks[0]}]")
+    for table in (g.level_intra, g.level_inter):
+        for level, zeta in table.items():
+            coef = b.t(cost.cp_layer_comm(inst.model, inst.training, tpl, b.levels[level], True, b.cluster) - one)
+            prog.add({x: 1, zeta: -coef}, ">=", 0, "P6 cp ring")
+    single = g.shape[(1, len(g.ranks))]
+    prog.add({total: 1, x: -1, single: b.t(spans - one)}, ">=", b.t(spans), "P6 cp time")
+    return total
+
+
+def _per_layer_upper_bound(b: _Builder, k) -> float:
+    """A valid upper bound of u_i: every group at the slowest bandwidth in its worst shape."""
+    inst, tpl, cluster = b.inst, b.template, b.cluster
+    slow = b.levels[0]
+    n_tp, n_dp = tpl.tp, tpl.dp * tpl.cp
+    tp = max((cost.tp_layer_comm(inst.model, inst.training, tpl, GroupLinks(n_tp, slow, slow, N, kk), cluster)
+              for N in range(1, n_tp + 1) for kk in range(1, n_tp // N + 1)), default=0.0) if n_tp > 1 else 0.0
+    cp = cost.cp_layer_comm(inst.model, inst.training, tpl, slow, False, cluster) if tpl.cp > 1 else 0.0
+    w_bytes, g_bytes, _ = inst.training.bytes_per_param_state
+    ag = rs = 0.0
+    if tpl.zero_stage >= 3 and n_dp > 1:
+        shapes = [(N, kk) for N in range(1, n_dp + 1) for kk in range(1, n_dp // N + 1)]
+        ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, GroupLinks(n_dp, slow, slow, N, kk),
+                                      cluster) for N, kk in shapes)
+        rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, GroupLinks(n_dp, slow, slow, N, kk),
+                                      cluster) for N, kk in shapes)
+    lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs)
+    return (lt.forward + lt.backward) * 1.001 + 1e-9
+
+
+def _dp_sync(b: _Builder, i: int) -> int | None:
+    """(P9) exposed data-parallel sync of stage i: E_i >= sum over parts of max(0, T_part - window(l_i)).
+    The message grows with l_i, so each part's time is selected by (shape, level, layer count) together:
+    X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2)."""
+    prog, c, cluster = b.prog, b.c, b.cluster
+    if c.dp * c.cp == 1 or c.zero_stage >= 3:
+        return None
+    k = b.stage_constants[i]
+    qs = sorted(q for (stage, q) in prog.layers if stage == i)
+    exposed = prog.var(f"E[{i}]")
+    parts_exposed = []
+    for part, (kind, _, overlapped, _) in enumerate(dp_sync_parts(b.inst, b.template, k, qs[0])):
+        slowest = prog.var(f"DP[{i},{part}]")
+        for g in b.dp_groups[i]:
+            n = len(g.ranks)
+            x_i, x_e, lat = (prog.var(f"{nm}[dp{g.ranks[0]},{part}]") for nm in ("XIdp", "XEdp", "Ddp"))
+            for q in qs:
+                lam = prog.layers[(i, q)]
+                message = dp_sync_parts(b.inst, b.template, k, q)[part][1]
+                for (N, kk), sigma in g.shape.items():
+                    base = cost.collective_time(kind, message, GroupLinks(n, INF, INF, N, kk), cluster)
+                    prog.add({lat: 1, sigma: -b.t(base)}, ">=", 0, "P9 dp latency")
+                    for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
+                        for level, zeta in table.items():
+                            bw = b.levels[level]
+                            links = GroupLinks(n, bw, INF, N, kk) if intra else GroupLinks(n, INF, bw, N, kk)
+                            coef = b.t(cost.collective_time(kind, message, links, cluster) - base)
+                            if coef > 0:
+                                prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef,
+                                         "P9 dp part")
+            prog.add({slowest: 1, x_i: -1, x_e: -1, lat: -1}, ">=", 0, "P9 slowest dp group")
+        e = prog.var(f"Epart[{i},{part}]")
+        terms = {e: 1, slowest: -1}
+        if overlapped:
+            for q in qs:
+                window = dp_sync_parts(b.inst, b.template, k, q)[part][3]
+                terms[prog.layers[(i, q)]] = terms.get(prog.layers[(i, q)], 0) + b.t(window)
+        prog.add(terms, ">=", 0, "P9 dp exposed")
+        parts_exposed.append(e)
+    prog.add({exposed: 1, **{e: -1 for e in parts_exposed}}, ">=", 0, "P9 dp exposed total")
+    return exposed
+
+
+def _p2p_chain(b: _Builder) -> dict[int, float]:
+    """(P10) c_j >= p2p(u, v) (x[r, u] + x[r', v] - 1) for ranks r of stage j and r' = its counterpart in
+    stage j + 1 (same dp, cp, tp coordinate); the chain is rounds x 2 x (vpp sum_j c_j + (vpp - 1) c_wrap)."""
+    prog, c, inst, tpl = b.prog, b.c, b.inst, b.template
+    if c.pp == 1:
+        return {}
+    sp = c.tp if (inst.training.sequence_parallel and c.tp > 1) else 1
+    message = cost.activation_message_bytes(inst.model, inst.training, tpl) / sp
+    m = tpl.num_micro_batches(inst.training.global_batch_size)
+    rounds = math.ceil(m / c.pp) if c.vpp == 1 else 1
+    boundaries = [(j, j + 1) for j in range(c.pp - 1)] + ([(c.pp - 1, 0)] if c.vpp > 1 else [])
+    weights: dict[int, float] = {}
+    for a, z in boundaries:
+        var = prog.var(f"c[{a}->{z}]")
+        for r, r2 in zip(tpl.stage_gpus(a), tpl.stage_gpus(z)):
+            for u in range(len(prog.classes)):
+                for v in range(len(prog.classes)):
+                    if u == v and len(prog.classes[u]) < 2:
+                        continue
+                    time = b.t(cost.p2p_time(message, b._bw(u, v), b.class_node[u] == b.class_node[v], b.cluster))
+                    prog.add({var: 1, prog.assign[(int(r), u)]: -time, prog.assign[(int(r2), v)]: -time}, ">=",
+                             -time, "P10 p2p boundary")
+        weights[var] = rounds * 2 * (c.vpp if z == a + 1 else c.vpp - 1)
+    return weights
+
+
+def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict[int, float]) -> None:
+    """(P11) optimizer: opt >= sum_q opt(i, q) lambda[i, q]. (P12) minimise, times vpp to keep integer
+    coefficients: vpp m tau + sum_i t_i - tau + vpp (chain + delta + opt + overhead), tau >= t_i, delta >= E_i."""
+    prog, c, inst, tpl = b.prog, b.c, b.inst, b.template
+    m = tpl.num_micro_batches(inst.training.global_batch_size)
+    tau = prog.var("tau")
+    for t_i in stage_time:
+        prog.add({tau: 1, t_i: -1}, ">=", 0, "P12 slowest stage")
+    delta = prog.var("delta")
+    for e in dp_exposed:
+        if e is not None:
+            prog.add({delta: 1, e: -1}, ">=", 0, "P12 slowest dp sync")
+    opt = prog.var("opt")
+    o_bytes = inst.training.bytes_per_param_state[2]
+    from formulation.physics.memory import memory_coefficients
+    for i in range(c.pp):
+        coef = memory_coefficients(inst, tpl, i).optimizer
+        terms = {opt: 1}
+        for (stage, q), lam in prog.layers.items():
+            if stage == i:
+                terms[lam] = -b.t(cost.optimizer_step_time((coef[0] + coef[1] * q) / o_bytes, b.gpu_type))
+        prog.add(terms, ">=", 0, "P11 optimizer step")
+    v = c.vpp
+    prog.objective = {tau: v * m - 1, delta: v, opt: v, **{t: 1 for t in stage_time}}
+    for var, weight in chain.items():
+        prog.objective[var] = v * weight
+    prog.objective_constant = v * b.t(b.gpu_type.iteration_overhead_s)
+    prog.objective_divisor = v
+
+
+def _symmetry_breaking(b: _Builder) -> None:
+    """(P13) Data-parallel replicas are interchangeable (permuting the dp coordinate everywhere keeps every
+    group and every pipeline pair): order replicas by the class of their first rank in stage 0. Without
+    data parallelism, order the tensor-parallel ranks of stage 0's first group the same way."""
+    prog, c, tpl = b.prog, b.c, b.template
+    grid = np.asarray(tpl.gpus).reshape(c.pp, c.dp, c.cp, c.tp)
+    leaders = [int(grid[0, j, 0, 0]) for j in range(c.dp)] if c.dp > 1 else \
+        [int(grid[0, 0, 0, x]) for x in range(c.tp)] if c.tp > 1 else []
+    for r, r2 in zip(leaders, leaders[1:]):
+        terms = {}
+        for u in range(len(prog.classes)):
+            terms[prog.assign[(r, u)]] = terms.get(prog.assign[(r, u)], 0) + u
+            terms[prog.assign[(r2, u)]] = terms.get(prog.assign[(r2, u)], 0) - u
+        prog.add(terms, "<=", 0, "P13 symmetry")

@@ -1,0 +1,296 @@
+"""Lower bounds on a configuration's iteration time, valid for every layer partition and every GPU map.
+
+(B1) `fast_bound`: the stage composition of formulation/physics/stage.py with every group at its best shape over
+the fastest links anywhere in the cluster.
+
+(B2) `cut_bound`: every GPU of the cluster holds a rank, and the tp, cp and dp groups together with the
+pipeline's stage-to-stage pairs connect all ranks. So for any cut of the nodes into two sides, some group
+(or some pipeline pair) has members on both sides, and its slowest inter-node pair is no faster than the
+fastest link across the cut. The strongest such cut is found from a maximum spanning tree of the node graph
+(edge = fastest GPU pair between two nodes): removing its weakest edge splits the nodes so that no link
+across is faster than that edge. The bound is the smallest over which group crosses (tp, cp, dp or a pipeline
+boundary) and which stage holds it of (B1) with that one group forced across the cut; for dp the stage's
+layer count is chosen jointly with the pipeline (fewer layers shrink the gradient message but load the other
+stages). On h100_128 this is what makes the node with the half-speed NIC count.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from formulation.physics import cost
+from formulation.space import Config
+
+from solvers.bounds.parts import INF, Parts, stage_parts, best_group_time, weakest_cuts
+
+
+def _chain_split(w: Parts, b: Parts, us: list[float], split: set, floor: float, fixed: float,
+                 exact: bool = True) -> float:
+    """(B1) for stage times `us` when every stage outside `split` keeps its tp
+    groups inside nodes (`w` = `stage_parts(whole_tp=True)`, `b` the unrestricted parts, `floor` a floor of the dp
+    exposure), with a split on the chain: either no boundary between two such stages has all its pairs inside
+    nodes, and each of those sends crosses nodes (c_inter), or some boundary (j, j') does. Its pairs are a
+    bijection between the two stages' ranks, so every node then holds as many ranks of j as of j', at most
+    cap // 2 of each, in whole tp groups: at most cap // 2 // tp members of any dp group of j or j' on a node.
+    Either stage's dp exposure at that width is then taken jointly with its layer count in the pipeline (few
+    layers expose little but load the others).
+
+    The boundaries touching `split` send at the fastest pair. `exact`: `split` is where those stages sit;
+    otherwise it stands for any stages of the same kinds (`_kind`), and the bound holds wherever they sit: as
+    many boundaries as they could touch, the regular ones (weight vpp) before the wrap (vpp - 1), and an
+    intra-node boundary elsewhere is bounded by one of its stages."""
+    config = w.config
+    P, v = config.pp, config.vpp
+    pairs = w.boundaries()
+
+    def sends(c: float) -> list[float]:
+        if exact:
+            return [b.c_min if split & set(pair) else c for pair in pairs]
+        touching = min(len(pairs), sum(sum(t in pair for pair in pairs) for t in split))
+        return [b.c_min] * touching + [c] * (len(pairs) - touching)
+
+    pipe = w.pipeline(us)
+    near = pipe + w.chain_of(sends(w.c_min)) + floor + fixed
+    pair_cap = w.per_node_cap // 2 // config.tp
+    if P == 1 or w.c_inter <= w.c_min or pair_cap < 1 or pipe == INF:  # (c_min = c_inter: one tp group a node)
+        return near
+    apart = pipe + w.chain_of(sends(w.c_inter)) + floor + fixed
+    narrow: dict = {}
+
+    def paired(t: int) -> float:
+        # middle stages differ only in their cap and time
+        key = t if t in (0, P - 1) or t in split else ("middle", w.caps[t], us[t])
+        if key not in narrow:
+            narrow[key] = min((w.pipeline(us, {t: q}) + max(floor, w.dp_exposure(t, q, w.inter, 1, pair_cap))
+                               for q in range(v, max(w.caps[t], 0) + 1, v)), default=INF)
+        return narrow[key]
+
+    if exact:
+        together = min((max(paired(j), paired(k)) for j, k in pairs if not split & {j, k}), default=INF)
+    else:
+        together = min((paired(t) for t in range(P) if t not in split), default=INF)
+    return max(near, min(apart, together + w.chain_of(sends(w.c_min)) + fixed))
+
+
+def _kind(parts: Parts, stage: int):
+    """Stages of one kind are interchangeable in the bounds: the first, the last, and middle ones by cap."""
+    return stage if stage in (0, parts.config.pp - 1) else ("middle", parts.caps[stage])
+
+
+def _split_tp_bound(b: Parts, w: Parts, u_split: float, fixed: float) -> float:
+    """(B1) case (ii), some tp group across nodes: the set S of stages with one is not empty, and each runs at
+    `u_split` per layer. S = {s}: every other stage keeps its tp groups inside nodes, so its dp groups are
+    narrow (`w`) and `_chain_split` applies to the boundaries between them; some stage h holds at least the
+    average layer count, either h = s (which then holds that many) or another stage, whose narrow dp exposure at
+    that many layers counts. S = {s, s'} likewise (without h). |S| >= 3: the pipeline with three slow stages.
+    Pairs and triples range over kinds of stages (`_kind`); beyond 12 kinds, |S| >= 2 is bounded by pairs'
+    pipelines alone."""
+    config = b.config
+    P, v = config.pp, config.vpp
+    base = b.dp_floor()
+    rest = b.chain() + base + fixed
+    floors = [w.stage_dp_floor(i) for i in range(P)]
+    heavy = math.ceil(b.instance.model.num_layers / P / v) * v
+    loaded = [INF] * P  # stage i's least narrow dp exposure when it holds at least `heavy` layers
+    for i in range(P):
+        most = max(w.caps[i], 0) // v * v
+        if most >= heavy:
+            loaded[i] = sum(min(x, y) for x, y in zip(w.dp_part_exposures(i, heavy, w.inter, 1),
+                                                      w.dp_part_exposures(i, most, w.inter, 1)))
+    representative: dict = {}
+    for i in range(P):
+        representative.setdefault(_kind(b, i), []).append(i)
+
+    def slow(S) -> list[float]:
+        return [u_split if i in S else w.u for i in range(P)]
+
+    best = INF
+    for members in representative.values():
+        s = members[0]
+        others = [i for i in range(P) if i != s]
+        delta = max([base] + [floors[i] for i in others])
+        h_other = min((loaded[i] for i in others), default=INF)
+        if h_other < INF:
+            best = min(best, _chain_split(w, b, slow({s}), {s}, max(delta, h_other), fixed, len(members) == 1))
+        # s touches the same boundaries (of the same weights) wherever a stage of its kind sits
+        near = w.chain_of([b.c_min if s in pair else w.c_min for pair in w.boundaries()]) + delta + fixed
+        for q in range(heavy, max(b.caps[s], 0) // v * v + 1, v):
+            best = min(best, w.pipeline(slow({s}), {s: q}) + near)
+    kinds = list(representative)
+    if len(kinds) > 12:
+        for s in (m[0] for m in representative.values()):
+            for s2 in (m[0] if m[0] != s else (m[1] if len(m) > 1 else None) for m in representative.values()):
+                if s2 is not None:
+                    best = min(best, b.pipeline([u_split if i in (s, s2) else b.u for i in range(P)]) + rest)
+        return best
+    for combo in itertools.combinations_with_replacement(range(len(kinds)), 3):
+        S = set()
+        for k in set(combo):
+            pool = representative[kinds[k]]
+            if combo.count(k) > len(pool):
+                break
+            S.update(pool[:combo.count(k)])
+        else:
+            best = min(best, b.pipeline([u_split if i in S else b.u for i in range(P)]) + rest)
+    for k1, k2 in itertools.combinations_with_replacement(range(len(kinds)), 2):
+        if k1 == k2 and len(representative[kinds[k1]]) < 2:
+            continue
+        S = {representative[kinds[k1]][0], representative[kinds[k2]][-1]}
+        delta = max([base] + [floors[i] for i in range(P) if i not in S])
+        alone = all(len(representative[_kind(b, i)]) == 1 for i in S)
+        best = min(best, _chain_split(w, b, slow(S), S, delta, fixed, alone))
+    return best
+
+
+def fast_bound(instance, config: Config, caps: list[int] | None = None, refined: bool = False) -> float:
+    """(B1) pipeline + chain + dp sync + optimizer + overhead, each at its best over partitions and maps: the
+    smaller of (i) every tp group inside a node (`stage_parts(whole_tp=True)`) and (ii) some tp group across nodes,
+    whose stage then runs at that tp group's time (everything else at its unrestricted best).
+
+    `refined` (part of (B2), costlier): (i) with the chain split of `_chain_split`, and (ii) by how many stages
+    have a tp group across nodes (`_split_tp_bound`)."""
+    b = stage_parts(instance, config, caps=caps)
+    fixed = b.optimizer + b.gpu_type.iteration_overhead_s
+    rest = b.chain() + b.dp_floor() + fixed
+    P = config.pp
+    if config.tp > b.per_node_cap or len(instance.cluster.nodes) == 1:
+        return b.pipeline([b.u] * P) + rest  # (ii) is certain, or there are no nodes to span: (B1) as is
+    if config.tp == 1:  # (i) is certain
+        return _chain_split(b, b, [b.u] * P, set(), b.dp_floor(), fixed) if refined else b.pipeline([b.u] * P) + rest
+    whole = stage_parts(instance, config, whole_tp=True, caps=b.caps)
+    model, job, p, cluster = instance.model, instance.training, b.placement, instance.cluster
+    split = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra, b.inter,
+                            b.max_nodes, b.per_node_cap, 2, b.span)
+    u_split = b.unit(split, b.cp, b.ag, b.rs)
+    stages = b.distinct_stages()
+    if refined:
+        within = _chain_split(whole, b, [whole.u] * P, set(), whole.dp_floor(), fixed)
+        across = _split_tp_bound(b, whole, u_split, fixed)
+    else:
+        within = whole.pipeline([whole.u] * P) + whole.chain() + whole.dp_floor() + fixed
+        across = INF
+        for s in stages:
+            us = [b.u] * P
+            us[s] = u_split
+            across = min(across, b.pipeline(us) + rest)
+    # Second split of the same space, on a stage h holding at least the average layer count (one exists):
+    # its tp groups inside nodes, so its dp groups narrow (A), or one across nodes, so h runs slow with at
+    # least that many layers (B). The bound is the larger of the two splits' minima.
+    v = config.vpp
+    heavy = math.ceil(instance.model.num_layers / config.pp / v) * v
+    loaded = INF
+    for i in range(config.pp):
+        most = max(b.caps[i], 0) // v * v
+        if most >= heavy:
+            at_heavy = whole.dp_part_exposures(i, heavy, whole.inter, 1)
+            at_most = whole.dp_part_exposures(i, most, whole.inter, 1)
+            loaded = min(loaded, sum(min(x, y) for x, y in zip(at_heavy, at_most)))
+    narrow_h = b.pipeline([b.u] * config.pp) + b.chain() + max(b.dp_floor(), loaded) + fixed
+    slow_h = INF
+    for s in stages:
+        us = [b.u] * config.pp
+        us[s] = u_split
+        for q in range(heavy, max(b.caps[s], 0) // v * v + 1, v):
+            slow_h = min(slow_h, b.pipeline(us, {s: q}) + rest)
+    return max(min(within, across), min(narrow_h, slow_h))
+
+
+def cut_bound(instance, config: Config) -> float:
+    """(B2) the largest over the weakest cuts of `cut_bound_at`; (B1) for a single node."""
+    base = fast_bound(instance, config, refined=True)
+    world = instance.cluster.num_gpus
+    cuts = weakest_cuts(instance.cluster)
+    parts = stage_parts(instance, config) if cuts else None
+    return max([base] + [cut_bound_at(instance, config, bw, (side, world - side), parts) for bw, side in cuts])
+
+
+def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int], parts: Parts | None = None) -> float:
+    """(B2) for one cut: (B1) with one group across it, the smallest over which kind of group crosses.
+
+    A kind of group need not be considered when the others alone cannot connect the two sides: if only the
+    kinds in R cross, each side is a union of classes of ranks that differ only in R's coordinates, each of
+    prod_{k in R} size_k ranks. So a set D of kinds is left out when some side is not a multiple of the
+    product over the rest; the bound is the largest over such D of the smallest over the rest.
+    """
+    cluster, model, job = instance.cluster, instance.model, instance.training
+    b = parts or stage_parts(instance, config)
+    if cut >= b.inter:
+        return -INF
+    p, P, v = b.placement, config.pp, config.vpp
+    fixed_part = b.optimizer + b.gpu_type.iteration_overhead_s
+    dp_floor = b.dp_floor()
+    stages = b.distinct_stages()
+    n_dp = config.dp * config.cp
+    # A dp x cp group has at most one member per tp group of its stage. Either every node it spans holds at most
+    # cap / tp of its members (a), or some node holds more, and then a tp group of the same stage spans nodes (b):
+    # that stage pays both. (b) does not exist when tp > cap: then every tp group spans nodes already in (B1).
+    narrow = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
+
+    def with_slow_stage(u_slow: float, dp_slow: bool, dp_cap: int) -> float:
+        best = INF
+        for s in stages:
+            us = [b.u] * P
+            us[s] = u_slow
+            if not dp_slow:
+                best = min(best, b.pipeline(us) + dp_floor)
+                continue
+            for q in range(v, max(b.caps[s], 0) + 1, v):
+                best = min(best, b.pipeline(us, {s: q}) + max(dp_floor, b.dp_exposure(s, q, cut, 2, dp_cap)))
+        return best + b.chain() + fixed_part
+
+    def tp_time(bandwidth: float) -> float:
+        return best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra,
+                               bandwidth, b.max_nodes, b.per_node_cap, 2, b.span)
+
+    cases = {}
+    if config.tp > 1:
+        cases["tp"] = with_slow_stage(b.unit(tp_time(cut), b.cp, b.ag, b.rs), False, b.per_node_cap)
+    if n_dp > 1:
+        dp_slow = config.zero_stage < 3
+        split_tp = config.tp > 1 and config.tp <= b.per_node_cap
+        tp_split = tp_time(b.inter) if split_tp else b.tp
+
+        def zero3(cap: int) -> tuple[float, float]:
+            """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
+            if config.zero_stage < 3:
+                return b.ag, b.rs
+            w_bytes, g_bytes, _ = job.bytes_per_param_state
+            k = b.constants(0)
+            return tuple(best_group_time(lambda lk, kind=kind, size=size: cost.collective_time(kind, size, lk, cluster),
+                                         n_dp, b.intra, cut, b.max_nodes, cap, 2, b.span)
+                         for kind, size in (("all_gather", k.layer_params * w_bytes),
+                                            ("reduce_scatter", k.layer_params * g_bytes)))
+
+        def across(cp_time: float) -> float:
+            value = with_slow_stage(b.unit(b.tp, cp_time, *zero3(narrow)), dp_slow, narrow)  # (a)
+            if split_tp:  # (b)
+                value = min(value, with_slow_stage(b.unit(tp_split, cp_time, *zero3(b.per_node_cap)), dp_slow,
+                                                   b.per_node_cap))
+            return value
+
+        if config.cp > 1:  # a cp ring across the cut puts its dp x cp group across too
+            cases["cp"] = across(cost.cp_layer_comm(model, job, p, min(b.intra, cut), False, cluster))
+        if config.dp > 1:
+            cases["dp"] = across(b.cp)
+    if P > 1:
+        sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
+        slow = cost.p2p_time(cost.activation_message_bytes(model, job, p) / sp, cut, False, cluster)
+        cases["pp"] = b.pipeline([b.u] * P) + b.chain(max(0.0, slow - b.c_min)) + dp_floor + fixed_part
+    if not cases:
+        return -INF
+    size = {"tp": config.tp, "cp": config.cp, "dp": config.dp, "pp": P}
+    kinds = sorted(cases)
+    best = min(cases.values())
+    for mask in range(1, 2 ** len(kinds) - 1):  # R = the kinds kept, a proper non-empty subset
+        rest = [kind for i, kind in enumerate(kinds) if mask >> i & 1]
+        block = math.prod(size[kind] for kind in rest)
+        if any(side % block for side in sides):
+            best = max(best, min(cases[kind] for kind in rest))
+    return best
+
+
+def lower_bound(instance, config: Config, caps: list[int] | None = None) -> float:
+    """A time no partition and no GPU map of `config` can beat: (B1), cheap, for every configuration. `caps`:
+    the stages' layer capacities when the caller has them (`partition_fits`)."""
+    return fast_bound(instance, config, caps)

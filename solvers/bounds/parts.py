@@ -1,0 +1,349 @@
+"""The pieces of the lower bounds (solvers/bounds/configs.py): the cluster's link extremes and weakest cuts, the
+best time of a group over its possible shapes, the least slowest stage under memory caps, and `Parts`,
+one configuration's stage composition at its best shapes and links (formulation/physics/stage.py encoded as numbers).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formulation.physics import cost
+from formulation.physics.cost import GroupLinks
+from formulation.physics.memory import memory_coefficients
+from formulation.placement import even_split
+from formulation.space import Config, partition_fits, placement_for
+from formulation.physics.stage import dp_sync_parts, layer_time, stage_constants
+
+INF = float("inf")
+
+
+@functools.lru_cache(maxsize=2)
+def node_links(cluster) -> np.ndarray:
+    """N x N: the fastest GPU pair between two nodes (the node figure, or a faster measured GPU pair), -INF on
+    the diagonal. The graph the cut and span bounds reason about. Cached per cluster."""
+    W = np.array(cluster.inter_gb_per_s, dtype=float)
+    for (a, b), value in cluster.gpu_pair_gb_per_s.items():
+        i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
+        W[i, j] = W[j, i] = max(W[i, j], value)
+    np.fill_diagonal(W, -INF)
+    return W
+
+
+def cluster_extremes(cluster) -> tuple[float, float]:
+    """Fastest intra-node and inter-node GPU-pair bandwidth anywhere in the cluster (INF: no such pair)."""
+    intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for m in cluster.intra_gb_per_s if m.shape[0] > 1),
+                default=INF)
+    inter = float(node_links(cluster).max()) if len(cluster.nodes) > 1 else INF
+    return intra, inter
+
+
+def weakest_cuts(cluster, limit: int = 3) -> list[tuple[float, int]]:
+    """Cuts of the nodes with no GPU pair across faster than a bandwidth: (bandwidth, GPUs on one side).
+
+    Every edge of a maximum spanning tree of the node graph (edge = fastest GPU pair between two nodes)
+    defines one: removing it splits the tree, and no link across is faster than the edge (else the tree
+    would not be maximum). The `limit` weakest edges give the strongest cuts. Prim, O(N^2); [] for one node.
+    """
+    n = len(cluster.nodes)
+    if n < 2:
+        return []
+    W = node_links(cluster)
+    in_tree = np.zeros(n, dtype=bool)
+    in_tree[0] = True
+    reach, via = W[0].copy(), np.zeros(n, dtype=int)
+    edges = []
+    for _ in range(n - 1):
+        reach[in_tree] = -INF
+        j = int(np.argmax(reach))
+        edges.append((float(reach[j]), int(via[j]), j))
+        in_tree[j] = True
+        closer = W[j] > reach
+        reach[closer], via[closer] = W[j][closer], j
+    children: dict[int, list[int]] = {}
+    for _, parent, child in edges:
+        children.setdefault(parent, []).append(child)
+    gpus = [node.num_gpus for node in cluster.nodes]
+    cuts = []
+    for weight, _, child in sorted(edges)[:limit]:
+        side, stack = 0, [child]  # the subtree below the edge
+        while stack:
+            v = stack.pop()
+            side += gpus[v]
+            stack.extend(children.get(v, []))
+        cuts.append((weight, side))
+    return cuts
+
+
+@functools.lru_cache(maxsize=4)
+def span_bandwidth(cluster) -> np.ndarray:
+    """ub[N]: no group spanning N nodes has a slowest inter-node pair faster than this (N >= 2).
+
+    In a set S of N nodes, every member v meets the others over at most its (N-1)-th fastest link, so the
+    slowest pair of S is at most min over v in S of that; the best S can do is the N-th largest of these
+    figures over all nodes. Exact for N = all nodes (the slowest pair anywhere). O(n^2 log n), cached."""
+    n = len(cluster.nodes)
+    ub = np.full(n + 1, INF)
+    if n < 2:
+        return ub
+    W = node_links(cluster)
+    rows = -np.sort(-W, axis=1)[:, :n - 1]  # each node's links, fastest first
+    columns = -np.sort(-rows, axis=0)  # per rank of link, nodes fastest first
+    ub[2:] = columns[np.arange(1, n), np.arange(0, n - 1)]
+    return ub
+
+
+def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, per_node_cap: int,
+                    min_nodes: int = 1, span: np.ndarray | None = None) -> float:
+    """The smallest time any placement of a group of `size` can have over every shape (nodes spanned,
+    fewest members per node) with at least `min_nodes` nodes, at the given links (`span[N]` caps the
+    inter-node figure of a group over N nodes, see `span_bandwidth`)."""
+    if size <= 1:
+        return 0.0 if min_nodes <= 1 else INF
+    best = INF
+    for N in range(max(1, min_nodes), min(size, max_nodes) + 1):
+        if N * per_node_cap < size:  # the nodes cannot hold the group
+            continue
+        bw = inter if span is None or N == 1 else min(inter, float(span[N]))
+        for k in ([size] if N == 1 else range(1, size // N + 1)):
+            if k > per_node_cap:
+                continue
+            best = min(best, fn(GroupLinks(size, intra, bw, N, k)))
+    return best
+
+
+def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], layers: int, step: int,
+                        fixed: dict[int, int] | None = None) -> float:
+    """The smallest possible max_i (l_i u_i + extra_i) over partitions with l_i <= cap_i (memory), l_i a positive
+    multiple of `step`, sum l_i = layers, and l_i = fixed[i] where given. INF if no partition exists.
+
+    The most layers the stages can hold at a level grows with the level, so the answer is the smallest
+    candidate level (some stage exactly at q u_i + extra_i) at which they hold all layers: binary search."""
+    fixed = fixed or {}
+    P = len(us)
+    if not all(math.isfinite(u) for u in us):  # a stage no placement of this kind can run holds no layer
+        return INF
+    if sum(fixed.get(i, step) for i in range(P)) > layers or any(fixed.get(i, step) > caps[i] for i in range(P)):
+        return INF
+    if any(f % step for f in fixed.values()):
+        return INF
+    # the answer is some stage's time at a layer count it can hold; stages alike give the same candidates
+    shapes = {(us[i], extras[i], fixed[i], fixed[i]) if i in fixed else (us[i], extras[i], step, min(caps[i], layers))
+              for i in range(P)}
+    levels = sorted({q * u + e for u, e, lo, hi in shapes for q in range(lo, hi + 1, step)})
+
+    def holds(level: float) -> bool:
+        room = 0
+        for i in range(P):
+            if i in fixed:
+                if fixed[i] * us[i] + extras[i] > level * (1 + 1e-12):
+                    return False
+                room += fixed[i]
+                continue
+            fit = min(caps[i], int((level - extras[i]) / us[i] + 1e-9)) if us[i] > 0 else caps[i]
+            fit = fit // step * step
+            if fit < step:
+                return False
+            room += fit
+        return room >= layers
+
+    at = bisect.bisect_left(range(len(levels)), True, key=lambda idx: holds(levels[idx]))
+    return levels[at] if at < len(levels) else INF
+
+
+@dataclass
+class Parts:
+    """The pieces of (B1) for one configuration, and what (B2) needs to redo them with one slow group."""
+
+    instance: object
+    config: Config
+    placement: object
+    gpu_type: object
+    intra: float
+    inter: float
+    max_nodes: int
+    per_node_cap: int
+    caps: list[int]
+    extras: list[float]
+    m: int
+    tp: float
+    cp: float
+    ag: float
+    rs: float
+    u: float
+    c_min: float
+    rounds: int
+    optimizer: float
+    span: np.ndarray = None  # see span_bandwidth
+    dp_cap: int = 0  # most members of one dp group on a node (0: per_node_cap)
+    c_inter: float = 0.0  # one send over the fastest inter-node pair (c_min when that is the fastest pair)
+    _constants: dict = field(default_factory=dict)
+    _group_times: dict = field(default_factory=dict)
+
+    def unit(self, tp: float, cp: float, ag: float, rs: float) -> float:
+        lt = layer_time(stage_constants(self.instance, self.placement, 0, self.gpu_type),
+                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs)
+        return lt.forward + lt.backward
+
+    def pipeline(self, us: list[float], fixed: dict[int, int] | None = None) -> float:
+        """(C9) m M + (S - M) / vpp grows with M and S: M the least slowest stage, S the least stage sum."""
+        L, v = self.instance.model.num_layers, self.config.vpp
+        M = least_slowest_stage(us, self.extras, self.caps, L, v, fixed)
+        if M == INF:
+            return INF
+        u_min = min(us)
+        least = {i: (fixed or {}).get(i, v) for i in range(len(us))}
+        S = u_min * L + sum(self.extras) + sum((us[i] - u_min) * least[i] for i in range(len(us)))
+        return self.m * M + (max(S, M) - M) / v
+
+    def chain(self, slow_extra: float = 0.0) -> float:
+        """(C10) every boundary at the fastest pair; `slow_extra` is one boundary's excess over that."""
+        P, v = self.config.pp, self.config.vpp
+        if P == 1:
+            return 0.0
+        return self.chain_of([self.c_min] * P) + self.rounds * 2 * v * slow_extra
+
+    def chain_of(self, sends: list[float]) -> float:
+        """(C10) with one send time per boundary: sends[j] between stages j and j + 1, sends[P - 1] the wrap
+        (if interleaved)."""
+        P, v = self.config.pp, self.config.vpp
+        wrap = sends[P - 1] if len(sends) >= P else 0.0
+        return self.rounds * 2 * (v * sum(sends[:P - 1]) + (v - 1) * wrap) if P > 1 else 0.0
+
+    def boundaries(self) -> list[tuple[int, int]]:
+        """The stage pairs that send to each other: (j, j + 1), and (P - 1, 0) when interleaved (the wrap)."""
+        P = self.config.pp
+        return [(j, j + 1) for j in range(P - 1)] + ([(P - 1, 0)] if self.config.vpp > 1 and P > 1 else [])
+
+    def distinct_stages(self) -> list[int]:
+        """One stage per kind: the first, the last, and per distinct memory cap one of the stages between (they
+        differ only in their cap, through the micro-batches in flight)."""
+        P = self.config.pp
+        middle = {}
+        for i in range(1, P - 1):
+            middle.setdefault(self.caps[i], i)
+        return sorted({0, P - 1, *middle.values()})
+
+    def constants(self, stage: int):
+        if stage not in self._constants:
+            self._constants[stage] = stage_constants(self.instance, self.placement, stage, self.gpu_type)
+        return self._constants[stage]
+
+    def dp_part_exposures(self, stage: int, layers: int, inter: float, min_nodes: int,
+                          per_node_cap: int | None = None) -> list[float]:
+        """(C11) per collective (reduce-scatter, all-gather, or all-reduce) the smallest exposed time of `stage`
+        holding `layers`, over group shapes at these links with at most `per_node_cap` members on a node."""
+        n = self.config.dp * self.config.cp
+        if n == 1 or self.config.zero_stage >= 3:
+            return []
+        cluster, cap = self.instance.cluster, per_node_cap or self.dp_cap or self.per_node_cap
+        out = []
+        for kind, message, overlapped, window in dp_sync_parts(self.instance, self.placement, self.constants(stage),
+                                                               layers):
+            key = (kind, message, inter, min_nodes, cap)
+            if key not in self._group_times:
+                def one(lk, kind=kind, message=message):
+                    return cost.collective_time(kind, message, lk, cluster)
+
+                self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes,
+                                                         self.span)
+            t = self._group_times[key]
+            out.append(max(0.0, t - window) if overlapped else t)
+        return out
+
+    def dp_exposure(self, stage: int, layers: int, inter: float, min_nodes: int, per_node_cap: int | None = None
+                    ) -> float:
+        return sum(self.dp_part_exposures(stage, layers, inter, min_nodes, per_node_cap))
+
+    def stage_dp_floor(self, stage: int) -> float:
+        """The least exposed dp sync of `stage` over the layer counts memory allows (see `dp_floor`)."""
+        v = self.config.vpp
+        most = max(self.caps[stage], 0) // v * v
+        if most < v:
+            return 0.0
+        fewest_parts = self.dp_part_exposures(stage, v, self.inter, 1)
+        most_parts = self.dp_part_exposures(stage, most, self.inter, 1)
+        return sum(min(a, b) for a, b in zip(fewest_parts, most_parts))
+
+    def dp_floor(self) -> float:
+        """delta >= E_i for every stage i, and E_i >= the sum over its collectives of each one's smallest exposure
+        over the layer counts memory allows; some stage holds at least ceil(L / pp) layers (rounded up to whole
+        vpp chunks), so delta is also at least the smallest such exposure over the stages that can. Each
+        collective's time is the minimum over group shapes of functions affine in the message, which is affine
+        in the layer count, as is the window that hides it: so the exposure max(0, concave) is smallest at the
+        fewest or the most layers, and two evaluations suffice."""
+        best = 0.0
+        v, P = self.config.vpp, self.config.pp
+        heavy = math.ceil(self.instance.model.num_layers / P / v) * v  # some stage holds at least this many
+        loaded = INF
+        for i in range(P):
+            most = max(self.caps[i], 0) // v * v
+            if most < v:
+                continue
+            most_parts = self.dp_part_exposures(i, most, self.inter, 1)
+            best = max(best, self.stage_dp_floor(i))
+            if most >= heavy:
+                heavy_parts = self.dp_part_exposures(i, heavy, self.inter, 1)
+                loaded = min(loaded, sum(min(a, b) for a, b in zip(heavy_parts, most_parts)))
+        # ... and the stage holding at least the average number of layers is one of them
+        return max(best, loaded if loaded < INF else 0.0)
+
+
+def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None) -> Parts:
+    """The pieces of (B1). `whole_tp`: under the assumption that every tp group lies inside one node (so a node
+    holds whole tp groups: at most gpus-per-node / tp members of any dp or cp group, and no two pipeline stages
+    when it holds a single tp group)."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    p = placement_for(config, even_split(model.num_layers, config.pp), range(cluster.num_gpus))
+    gpu_type = min(cluster.gpu_types.values(), key=lambda g: cost.layer_compute(model, job, p, g).forward)
+    intra, inter = cluster_extremes(cluster)
+    max_nodes, cap = len(cluster.nodes), max(n.num_gpus for n in cluster.nodes)
+    first = stage_constants(instance, p, 0, gpu_type)
+    last = stage_constants(instance, p, config.pp - 1, gpu_type)
+    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    span = span_bandwidth(cluster)
+    whole_tp = whole_tp and config.tp <= cap
+    dp_cap = cap // config.tp if whole_tp else cap  # members of one dp (or cp) group on a node
+    tp = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, intra, inter,
+                         1 if whole_tp else max_nodes, cap, span=span)
+    cp = 0.0
+    if config.cp > 1:
+        best_bw = max(intra, inter) if intra != INF else inter
+        if whole_tp and config.cp > dp_cap:  # the ring cannot fit on one node
+            cp = cost.cp_layer_comm(model, job, p, min(intra, inter), False, cluster)
+        else:
+            cp = cost.cp_layer_comm(model, job, p, best_bw, config.cp <= cap, cluster)
+    ag = rs = 0.0
+    if config.zero_stage >= 3:
+        n = config.dp * config.cp
+        ag = best_group_time(lambda lk: cost.collective_time("all_gather", first.layer_params * w_bytes, lk, cluster),
+                             n, intra, inter, max_nodes, dp_cap, span=span)
+        rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
+                                                             cluster), n, intra, inter, max_nodes, dp_cap, span=span)
+    lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs)
+    P, v = config.pp, config.vpp
+    m = job.global_batch_size // (config.micro_batch_size * config.dp)
+    if caps is None:
+        caps = partition_fits(instance, config, max(cluster.gpu_types.values(), key=lambda g: g.memory_gib))[1]
+    c_min, c_inter, rounds = 0.0, 0.0, 0
+    if P > 1:
+        sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
+        message = cost.activation_message_bytes(model, job, p) / sp
+        c_inter = cost.p2p_time(message, inter, False, cluster) if inter != INF else INF
+        if whole_tp and dp_cap < 2 or intra == INF:  # one tp group per node: stage neighbours on other nodes
+            c_min = c_inter
+        else:  # the faster of an intra-node and an inter-node send, each with its own latency
+            c_min = min(c_inter, cost.p2p_time(message, intra, True, cluster))
+        rounds = math.ceil(m / P) if v == 1 else 1
+    heavy = math.ceil(model.num_layers / P)
+    optimizer = min(cost.optimizer_step_time(
+        (memory_coefficients(instance, p, i).optimizer[0] + memory_coefficients(instance, p, i).optimizer[1] * heavy)
+        / job.bytes_per_param_state[2], gpu_type) for i in range(P))
+    return Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
+                  max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
+                  m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=lt.forward + lt.backward, c_min=c_min, rounds=rounds,
+                  optimizer=optimizer, span=span, dp_cap=dp_cap, c_inter=c_inter)

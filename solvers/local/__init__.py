@@ -1,0 +1,2 @@
+"""Local improvement beyond the exact size: annealing, layer partitions, weak-node relocation, and the
+incremental scorer they share."""

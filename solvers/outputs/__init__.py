@@ -1,0 +1,1 @@
+"""What the user gets: the CLI, printed tables, plan files, launch files, pictures and the HTML report."""

@@ -1,0 +1,286 @@
+"""The `solve` command.
+
+    solve --instance instances/h100_128.json [--output plan.json] [--top K] [--output-dir DIR] [--plot]
+          [--method auto|exact|bound-only|anneal|baseline] [--backend auto|cbc|cpsat] [--time-limit S]
+    solve --instance X --evaluate placement.json [--json] [--output-dir DIR] [--plot]
+    solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
+    solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
+
+Exit codes: 0 a plan (or estimate) was produced (also when --time-limit or Ctrl-C stopped the search early:
+the best plan so far, status "timeout", the bound proven so far); 1 no feasible plan (the reason names the
+smallest shortfall) or no plan at all within --time-limit; 2 bad input (one line naming file, field and
+expectation); 3 internal error; 130 interrupted before any plan existed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from formulation import InfeasibleError, InputError, evaluate, load_instance
+from formulation.inputs.ingest import summarize
+from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
+from formulation.placement import load_placement
+from solvers import solve
+from solvers.outputs.files import write_json_atomic
+from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables
+from solvers.search.islands import UNITS
+from solvers.search.mixed import objective_value
+from solvers.search.uniform import MAX_EXACT_SIZE, NoPlanInTime
+from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
+
+EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="solve", description="Plan LLM training on a GPU cluster: parallel sizes, layer partition and "
+                                  "GPU-to-rank map that make an iteration fastest without running out of memory.",
+        epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help', "
+               "'solve ingest FILE' (what the planner takes from a measurement or config file), 'solve sweep --help' "
+               "(what-if sweeps over models, GPU types and cluster sizes). Exit codes: "
+               "0 plan found, 1 no feasible plan, 2 bad input.")
+    parser.add_argument("--instance", required=True, help="instance file (JSON or YAML): model, training, cluster")
+    parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    parser.add_argument("--output", metavar="PLAN.json", help="write the plan (placement, estimate, solver report)")
+    parser.add_argument("--output-dir", metavar="DIR", help="write plan.json, Megatron-LM arguments, torchrun and Slurm "
+                                                            "launch scripts, torchtitan.toml, pictures and README.txt")
+    parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
+                                                            "--output-dir, else next to --output, else here)")
+    parser.add_argument("--method", default=None, choices=METHODS,
+                        help="auto (default): the exact program where the cluster is small enough to prove "
+                             f"(GPUs x GPU classes <= {MAX_EXACT_SIZE}), else the bound-only search; exact: the exact "
+                             "program (refused beyond its reach); bound-only: default GPU maps with layer partitions "
+                             "solved exactly, a proven global lower bound, then annealed placements for the best "
+                             "configurations; anneal: simulated annealing of the best default placements with the "
+                             "proven global lower bound; baseline: Megatron-style defaults only, no bound. The report "
+                             "says which ran")
+    parser.add_argument("--backend", default=None, choices=BACKENDS,
+                        help="the solver of the programs: cbc, cpsat, or auto (default: CP-SAT, CBC without OR-Tools)")
+    parser.add_argument("--solver", default=None, choices=list(SOLVER_ALIASES),
+                        help="older spelling of a method and backend: auto, cbc / cpsat (method auto with that "
+                             "backend), anneal, baseline")
+    parser.add_argument("--objective", default="time", choices=["time", "cost", "gpus"],
+                        help="time: fastest iteration (default); cost: least GPU price per trained token (per-type "
+                             "price_per_hour in the instance); gpus: fewest GPUs reaching --required-tokens-per-s. "
+                             "Clusters of several GPU types, and cost / gpus, use the island composition search")
+    parser.add_argument("--required-tokens-per-s", type=float, default=None, metavar="TOK",
+                        help="throughput the plan must reach (with --objective gpus)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="wall-clock limit in seconds")
+    parser.add_argument("--threads", type=int, default=1, help="solver threads")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
+    parser.add_argument("--top", type=int, default=1, metavar="K", help="also report the K best configurations")
+    parser.add_argument("--calibration", metavar="CAL.json", help="your cluster's knobs, fitted on your own runs "
+                        "by 'solve calibrate --runs MINE.csv --output CAL.json' (compute, network, overhead)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--calibration", metavar="CAL.json", help="apply a few-shot calibration written by "
+                                                                 "'solve calibrate --output' (compute, network, overhead)")
+    return parser
+
+
+def _fail(code: int, message: str) -> int:
+    print(message.replace("\n", " "), file=sys.stderr)
+    return code
+
+
+def run(argv: list[str]) -> int:
+    # Subcommands import their modules on demand: validation pulls in scipy, which `solve --help` should not wait for.
+    if argv and argv[0] in ("validate", "calibrate"):
+        from solvers.validation import validate
+        return validate.main(argv[0], argv[1:])
+    if argv and argv[0] == "sweep":
+        from solvers.sweep import run as sweep
+        return sweep.main(argv[1:])
+    if argv and argv[0] == "ingest":
+        return _ingest(argv[1:])
+    if argv and argv[0] == "bench":
+        from solvers.validation import bench
+        return bench.main(argv[1:])
+    args = _parser().parse_args(argv)
+    if args.top < 1:
+        return _fail(EXIT_BAD_INPUT, f"--top: expected a positive integer, got {args.top}")
+    if args.objective == "gpus" and not (args.required_tokens_per_s and args.required_tokens_per_s > 0):
+        return _fail(EXIT_BAD_INPUT, "--required-tokens-per-s: expected a positive throughput with --objective gpus")
+    if args.solver is not None and (args.method is not None or args.backend is not None):
+        return _fail(EXIT_BAD_INPUT, "--solver: give either --solver or --method/--backend, not both")
+    args.method, args.backend = strategy(args.solver, args.method or "auto", args.backend or "auto")
+    if args.objective != "time" and args.method not in ("auto", "exact"):
+        return _fail(EXIT_BAD_INPUT, f"--objective {args.objective}: needs --method auto or exact, "
+                                     f"not {args.method}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
+    try:
+        instance = load_instance(args.instance)
+        if args.calibration:
+            instance = apply_user_calibration(instance, load_user_calibration(args.calibration))
+        for warning in instance.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.
+        console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
+        if args.evaluate:
+            placement = load_placement(args.evaluate, instance)
+            estimate = evaluate(instance, placement)
+            if args.json:
+                print(json.dumps({"placement": placement.to_dict(instance.cluster), "estimate": estimate.to_dict()},
+                                 indent=2))
+            else:
+                print_tables(estimate_tables(instance, placement, estimate) + [gpu_grid_table(instance, placement)],
+                             console)
+            return _write_outputs(args, instance, _Evaluated(placement, estimate), console)
+        result = _solve_with_progress(instance, args, solve)
+    except InputError as exc:
+        return _fail(EXIT_BAD_INPUT, f"error: {exc}")
+    except InfeasibleError as exc:
+        return _fail(EXIT_INFEASIBLE, f"infeasible: {exc}")
+    except NoPlanInTime as exc:
+        return _fail(EXIT_INFEASIBLE, f"timeout: {exc}")
+    plan = result.to_dict(instance.cluster)
+    if args.output:
+        write_json_atomic(args.output, plan)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+        return _write_outputs(args, instance, result, console)
+    _print_plan(instance, result, console)
+    if args.output:
+        console.print(f"plan written to {args.output}")
+    return _write_outputs(args, instance, result, console)
+
+
+def _ingest(argv: list[str]) -> int:
+    """`solve ingest FILE...`: what the planner takes from each measurement or config file."""
+    parser = argparse.ArgumentParser(prog="solve ingest", description="Say what the planner takes from an "
+                                     "nccl-tests log, `nvidia-smi topo -m` output or Hugging Face config.json")
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    parser.add_argument("--gpu-generation", default=None, help="with a topology: also print its GPU-pair "
+                                                               "bandwidths for this generation (v100, a100, h100, ...)")
+    args = parser.parse_args(argv)
+    try:
+        for path in args.files:
+            print(summarize(path, args.gpu_generation))
+    except InputError as exc:
+        return _fail(EXIT_BAD_INPUT, f"error: {exc}")
+    return EXIT_OK
+
+
+def _print_plan(instance, result, console) -> None:
+    """The plan's tables, the solver's report, the comparison with the default, and the runners-up."""
+    print_tables(estimate_tables(instance, result.placement, result.estimate)
+                 + [gpu_grid_table(instance, result.placement)], console)
+    s = result.solver
+    console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
+                  f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
+                  f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
+                  f"seed {s.seed}")
+    if s.note:
+        console.print(f"  ({s.note})")
+    if s.objective != "time":
+        console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
+                      f"(bound {s.bound_value:.6g})")
+    if s.islands:
+        print_tables([islands_table(s.islands)], console)
+    _print_default_comparison(instance, result, console)
+    for rank, (p, e) in enumerate(result.alternatives, start=2):
+        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
+                      f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
+
+
+def _print_default_comparison(instance, result, console) -> None:
+    """The plan against the best Megatron-style default placement, in the objective's own unit, and (for time)
+    the share of the gain that the GPU assignment alone brings (the plan's configuration and partition with
+    ranks filled node by node)."""
+    if not result.default:
+        return
+    objective = result.solver.objective
+    default_v = objective_value(instance, objective, *result.default)
+    plan_v = objective_value(instance, objective, result.placement, result.estimate)
+    unit = {"time": "s", "cost": "per million tokens", "gpus": "GPUs"}[objective]
+    text = f"Megatron-style default (best over configurations): {default_v:.4f} {unit}; this plan {plan_v:.4f} {unit}"
+    if default_v <= plan_v * 1.001:
+        console.print(f"{text}: no better than the default (within 0.1 %)")
+        return
+    share = ""
+    if result.solver.islands:  # mixed types: the map and the split go together (stages sit on islands)
+        share = "; stages composed on islands of identical GPUs, layers sized by each type's speed and memory"
+    elif objective == "time":
+        filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
+        filled_s = evaluate(instance, filled, check=False).iteration_time_s
+        share = f"; the GPU assignment alone brings {100 * (filled_s - plan_v) / (default_v - plan_v):.0f} % of it"
+    console.print(f"{text}, {default_v / plan_v:.3f}x better{share}")
+
+
+class _Evaluated:
+    """A scored placement in the shape `export_plan` takes (placement, estimate, to_dict) when no solver ran."""
+
+    def __init__(self, placement, estimate):
+        self.placement, self.estimate = placement, estimate
+
+    def to_dict(self, cluster) -> dict:
+        return {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()}
+
+
+def _write_outputs(args, instance, plan, console) -> int:
+    """--output-dir (launch files and pictures) and --plot; the paths go to the console (stderr with --json)."""
+    if not (args.output_dir or args.plot):
+        return EXIT_OK
+    target = args.output_dir or (str(Path(args.output).parent) if args.output else ".")
+    try:
+        if args.output_dir:
+            from solvers.outputs.export import export_plan
+            written = export_plan(instance, plan, args.output_dir, pictures=True)
+        else:
+            from solvers.outputs.plots import write_pictures
+            written = write_pictures(instance, plan.placement, plan.estimate, target)
+    except OSError as exc:
+        return _fail(EXIT_BAD_INPUT, f"error: {target}: cannot write: {exc.strerror or exc}")
+    for path in written.values():
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def _solve_with_progress(instance, args, solve):
+    """Run the search, with a progress bar on an interactive terminal unless --quiet."""
+    kwargs = dict(method=args.method, backend=args.backend, time_limit=args.time_limit, threads=args.threads, seed=args.seed,
+                  top=args.top, objective=args.objective, required_tokens_per_s=args.required_tokens_per_s)
+    if args.quiet or not sys.stderr.isatty():
+        return solve(instance, **kwargs)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("searching configurations", total=None)
+
+        def progress(examined=None, total=None, incumbent=None, bound=None):
+            if examined is None:  # the baseline sweep: one tick per configuration
+                bar.advance(task)
+                return
+            unit = {"time": " s", "cost": " per M tokens", "gpus": " GPUs"}[args.objective]
+            bar.update(task, completed=examined, total=total,
+                       description=f"solved {examined} of {total} configurations, incumbent {incumbent:.4f}{unit}, "
+                                   f"bound {bound:.4f}{unit}")
+
+        return solve(instance, progress=progress, **kwargs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = run(argv)
+    except KeyboardInterrupt:
+        code = _fail(130, "interrupted")
+    except BrokenPipeError:
+        code = EXIT_OK
+    except Exception as exc:  # a bug, not bad input: one line unless debugging
+        if os.environ.get("SOLVE_DEBUG"):
+            raise
+        code = _fail(3, f"internal error: {type(exc).__name__}: {exc} (set SOLVE_DEBUG=1 for a traceback)")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

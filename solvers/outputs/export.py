@@ -1,0 +1,331 @@
+"""Launchable outputs of a plan: Megatron-LM arguments, launch scripts (torchrun and Slurm), torchtitan settings.
+
+`export_plan(instance, plan, out_dir)` writes every file atomically after the group self-check
+(`solvers.outputs.launch.check_groups`) has passed on the launch scripts as rendered, read back from their text.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from formulation.placement import Placement
+from solvers.outputs.files import write_json_atomic, write_text_atomic
+from solvers.outputs.report import comment_lines
+from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_toml
+
+from solvers.outputs.launch import (LaunchMismatch, SlurmLaunch, TorchrunLaunch, check_groups, parse_slurm_files,
+                     parse_torchrun_script, slurm_launch, torchrun_launch)
+
+__all__ = ["LaunchMismatch", "check_groups", "export_plan", "megatron_arguments", "pipeline_layout",
+           "parse_pipeline_layout", "torchtitan_toml"]
+
+TRAIN_SCRIPT = "pretrain_gpt.py"
+
+
+# ---- Megatron-LM -----------------------------------------------------------------------------------------
+
+def pipeline_layout(layers: tuple[int, ...], vpp: int) -> str:
+    """`--pipeline-model-parallel-layout` string: virtual stages in Megatron's order (chunk c of stage i is entry
+    c x pp + i), 't' a decoder layer, 'E' the embedding on the first, 'L' the loss on the last; runs of
+    identical stages are folded as '(...|)*n' and 't*k' as Megatron's parser unrolls them."""
+    pp = len(layers)
+    stages = []
+    for chunk in range(vpp):
+        for stage in range(pp):
+            n = layers[stage] // vpp
+            text = "t" if n == 1 else f"t*{n}" if n else ""
+            if chunk == 0 and stage == 0:
+                text = "E" + text
+            if chunk == vpp - 1 and stage == pp - 1:
+                text += "L"
+            stages.append(text)
+    runs: list[list] = []
+    for text in stages:
+        if runs and runs[-1][0] == text:
+            runs[-1][1] += 1
+        else:
+            runs.append([text, 1])
+    pieces = []
+    for i, (text, count) in enumerate(runs):
+        last = i == len(runs) - 1
+        repeat = count - 1 if last else count
+        if repeat > 1:
+            pieces.append(f"({text}|)*{repeat}")
+        elif repeat == 1:
+            pieces.append(f"{text}|")
+        if last:
+            pieces.append(text)
+    return "".join(pieces)
+
+
+def parse_pipeline_layout(layout: str, pp: int) -> list[list[int]]:
+    """Decoder layers per [stage][chunk], parsed as Megatron-LM's `PipelineParallelLayerLayout` does."""
+    text = layout.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    flat = text.split("|")
+    if len(flat) % pp:
+        raise ValueError(f"layout has {len(flat)} virtual stages, not a multiple of pp={pp}")
+    vpp = len(flat) // pp
+    return [[flat[c * pp + s].count("t") for c in range(vpp)] for s in range(pp)]
+
+
+def _layer_split(model, p: Placement) -> tuple[list[tuple[str, object]], list[str]]:
+    """Arguments that give Megatron-LM the plan's layers per stage (and chunks per stage)."""
+    layers, vpp = p.layers_per_stage, p.vpp
+    if p.pp == 1:
+        return [], []
+    if len(set(layers)) == 1:
+        if vpp > 1:
+            return [("--num-layers-per-virtual-pipeline-stage", layers[0] // vpp)], []
+        return [], []
+    middle = set(layers[1:-1])
+    if len(middle) <= 1:
+        # Megatron gives the stages without an explicit count an equal share of the remaining layers.
+        args: list[tuple[str, object]] = []
+        if not middle:  # pp == 2: the second stage takes what the first leaves
+            args.append(("--decoder-first-pipeline-num-layers", layers[0]))
+        else:
+            mid = next(iter(middle))
+            if layers[0] != mid:
+                args.append(("--decoder-first-pipeline-num-layers", layers[0]))
+            if layers[-1] != mid:
+                args.append(("--decoder-last-pipeline-num-layers", layers[-1]))
+        if vpp > 1:  # uneven split + interleaving: the chunk count, not the chunk size, is given
+            args.append(("--num-virtual-stages-per-pipeline-rank", vpp))
+        return args, []
+    layout = pipeline_layout(layers, vpp)
+    parsed = parse_pipeline_layout(layout, p.pp)
+    assert [sum(row) for row in parsed] == list(layers), (layout, layers)
+    note = ("the uneven layer split needs --pipeline-model-parallel-layout; stock Megatron-LM releases without "
+            "it (check `python pretrain_gpt.py --help | grep layout`) can only move layers to the first and last "
+            "stage (--decoder-first/last-pipeline-num-layers): upgrade, or re-plan with those stages fixed")
+    return [("--pipeline-model-parallel-layout", layout)], [note]
+
+
+def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]], list[str], dict]:
+    """(arguments as (flag, value or None), notes for the reader, environment variables (None: unset))."""
+    model, job = instance.model, instance.training
+    args: list[tuple[str, object]] = [
+        ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
+        ("--context-parallel-size", p.cp)]
+    notes: list[str] = []
+    env: dict[str, str | None] = {}
+    split_args, split_notes = _layer_split(model, p)
+    args += split_args
+    notes += split_notes
+    args += [("--micro-batch-size", p.micro_batch_size), ("--global-batch-size", job.global_batch_size),
+             ("--seq-length", job.seq_length),
+             ("--max-position-embeddings", max(job.seq_length, model.max_position_embeddings)),
+             ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
+             ("--ffn-hidden-size", model.ffn_hidden_size), ("--num-attention-heads", model.num_attention_heads),
+             ("--kv-channels", model.head_dim)]
+    if model.num_kv_heads != model.num_attention_heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", model.num_kv_heads)]
+    if model.mlp == "swiglu":
+        args.append(("--swiglu", None))
+    args.append(("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    args.append(("--position-embedding-type", "learned_absolute" if model.learned_position_embeddings else "rope"))
+    if not model.tie_word_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    if not model.dropout:  # the memory model stores no dropout masks for this model
+        args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
+    args.append(("--bf16" if job.precision == "bf16" else "--fp16", None))
+    args.append(("--attention-backend", "flash" if job.flash_attention else "unfused"))
+    if p.tp > 1 and job.sequence_parallel:
+        args.append(("--sequence-parallel", None))
+    if p.tp > 1 and job.tp_comm_overlap:
+        args.append(("--tp-comm-overlap", None))
+    if p.cp > 1:
+        args.append(("--cp-comm-type", "p2p"))  # the ring exchange the cost model (C8) assumes
+        if job.seq_length % (2 * p.cp):
+            notes.append(f"Megatron-LM needs seq_length divisible by 2 x cp = {2 * p.cp} (causal load balancing); "
+                         f"{job.seq_length} is not: pad the sequence or re-plan without cp={p.cp}")
+    if p.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    elif p.recompute == "full":
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", 1)]
+    if p.zero_stage == 1:
+        args.append(("--use-distributed-optimizer", None))
+    if p.zero_stage == 3:  # the flags Megatron-FSDP's documentation requires
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", "optim_grads_params"),
+                 ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
+                 ("--ckpt-format", "fsdp_dtensor")]
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = None  # FSDP overlaps better with more than one connection
+        notes.append("zero_stage 3 runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
+                     "optim_grads_params); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
+                     "--untie-embeddings-and-output-weights; torchtitan_args.sh expresses it directly")
+    if job.overlap_grad_reduce and p.dp * p.cp > 1:
+        args.append(("--overlap-grad-reduce", None))
+        if job.overlap_param_gather and p.zero_stage >= 1:  # Megatron-LM allows it only with overlap-grad-reduce
+            args.append(("--overlap-param-gather", None))
+    if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
+    return args, notes, env
+
+
+def megatron_args_script(instance, plan) -> str:
+    p, e = plan.placement, plan.estimate
+    args, notes, env = megatron_arguments(instance, p)
+    lines = [f"# Megatron-LM arguments for the plan of {instance.name} ({instance.model.name}, llm-train-planner).",
+             f"# plan: {p.summary()}",
+             f"# predicted: {e.iteration_time_s:.3f} s per iteration, {e.tokens_per_s:,.0f} tokens/s, "
+             f"peak {e.peak_memory_gib:.1f} GiB per GPU",
+             "# Source this file, then run Megatron-LM's pretrain_gpt.py with \"${MEGATRON_ARGS[@]}\" plus your data,",
+             "# tokenizer, optimizer and checkpoint arguments (launch_torchrun.sh and launch_slurm.sh do that).",
+             "# Model-family details the plan does not decide (bias, rotary base, vocabulary padding) are yours."]
+    lines += comment_lines(notes, "NOTE: ")
+    lines += [f"unset {k}" if v is None else f"export {k}={v}" for k, v in env.items()]
+    lines.append("MEGATRON_ARGS=(")
+    for flag, value in args:
+        lines.append(f"  {flag}" + ("" if value is None else f" {shlex.quote(str(value))}"))
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+# ---- launch scripts ----------------------------------------------------------------------------------------
+
+# FRAMEWORK=torchtitan runs `-m torchtitan.train` (a module: its own torchrun flag and array element) with
+# torchtitan's arguments only; its activation-checkpoint subcommand must follow every option, extras included.
+_PREAMBLE = """set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [[ "${FRAMEWORK:-megatron}" == torchtitan ]]; then
+  source "$HERE/torchtitan_args.sh"
+  PROGRAM=(-m "${TORCHTITAN_ENTRY:-torchtitan.train}" "${TORCHTITAN_ARGS[@]}")
+  TAIL=("${TORCHTITAN_SUBCOMMANDS[@]}")
+elif [[ "${FRAMEWORK:-megatron}" == megatron ]]; then
+  source "$HERE/megatron_args.sh"
+  PROGRAM=("${TRAIN_SCRIPT:-%s}" "${MEGATRON_ARGS[@]}")
+  TAIL=()
+else
+  echo "FRAMEWORK must be megatron or torchtitan, not $FRAMEWORK" >&2; exit 2
+fi"""
+
+
+def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
+    master = launch.nodes[0].host
+    lines = ["#!/usr/bin/env bash",
+             "# torchrun route. Run this script once on every node of the plan; it picks the node's line below.",
+             "# torchrun (static rendezvous) makes global rank = node_rank x nproc_per_node + local_rank, and local",
+             "# rank j drives the j-th GPU of CUDA_VISIBLE_DEVICES: together they realise the plan's rank order.",
+             f"# plan: {p.summary()}",
+             "# Usage: [FRAMEWORK=megatron|torchtitan] [NODE=<this node's name>] [MASTER_ADDR=...] bash launch_torchrun.sh",
+             "#        [extra training args]",
+             _PREAMBLE % TRAIN_SCRIPT,
+             f"NNODES={len(launch.nodes)}",
+             f"NPROC_PER_NODE={launch.nproc_per_node}",
+             "NODE=${NODE:-$(hostname -s)}",
+             f"MASTER_ADDR=${{MASTER_ADDR:-{master}}}  # the node of global rank 0",
+             "MASTER_PORT=${MASTER_PORT:-29500}",
+             'case "$NODE" in']
+    for node in launch.nodes:
+        lines.append(f"  {node.host}) NODE_RANK={node.node_rank}; "
+                     f"DEVICES={','.join(map(str, node.visible_devices))} ;;")
+    lines += ['  *) echo "launch_torchrun.sh: node $NODE is not part of this plan" >&2; exit 1 ;;',
+              "esac",
+              'export CUDA_VISIBLE_DEVICES="$DEVICES"',
+              'exec torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --node-rank="$NODE_RANK" \\',
+              '  --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \\',
+              '  "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
+    return "\n".join(lines) + "\n"
+
+
+def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
+    """(hostfile, launch_slurm.sh)."""
+    hosts = list(dict.fromkeys(launch.hostfile))
+    lines = ["#!/usr/bin/env bash",
+             "# Slurm route: expresses any rank order. srun starts one task per rank and places task r on line r",
+             "# of ./hostfile (SLURM_HOSTFILE, --distribution=arbitrary); each task then takes LOCAL_RANK from the",
+             "# table below and its node's CUDA_VISIBLE_DEVICES permutation, so it drives the plan's GPU.",
+             f"# plan: {p.summary()}",
+             "# Usage, inside an allocation of whole nodes (node names are used as host names):",
+             f"#   salloc --nodes={len(hosts)} --exclusive --nodelist={','.join(hosts)}",
+             "#   [FRAMEWORK=megatron|torchtitan] bash launch_slurm.sh [extra training args]",
+             _PREAMBLE % TRAIN_SCRIPT,
+             f"WORLD_SIZE={len(launch.hostfile)}",
+             'if [[ "${1:-}" != "--rank" ]]; then',
+             '  export SLURM_HOSTFILE="$HERE/hostfile"',
+             f"  export MASTER_ADDR=${{MASTER_ADDR:-{launch.hostfile[0]}}} MASTER_PORT=${{MASTER_PORT:-29500}}",
+             f'  exec srun --nodes={len(hosts)} --ntasks="$WORLD_SIZE" --distribution=arbitrary --cpu-bind=none \\',
+             '    bash "$HERE/launch_slurm.sh" --rank "$@"',
+             "fi",
+             "shift",
+             "RANK=$SLURM_PROCID",
+             'case "$RANK" in']
+    for rank, (host, local) in enumerate(zip(launch.table_host, launch.local_rank)):
+        lines.append(f"  {rank}) HOST={host}; LOCAL={local} ;;")
+    lines += ["esac", 'case "$HOST" in']
+    for host in hosts:
+        lines.append(f"  {host}) DEVICES={','.join(map(str, launch.visible_devices[host]))} ;;")
+    lines += ["esac",
+              'if [[ "$(hostname -s)" != "$HOST" ]]; then',
+              '  echo "launch_slurm.sh: rank $RANK belongs on $HOST but runs on $(hostname -s)" >&2; exit 1',
+              "fi",
+              'export CUDA_VISIBLE_DEVICES="$DEVICES" RANK WORLD_SIZE LOCAL_RANK="$LOCAL"',
+              'exec python "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
+    return "\n".join(launch.hostfile) + "\n", "\n".join(lines) + "\n"
+
+
+# ---- writing -----------------------------------------------------------------------------------------------
+
+_DESCRIPTIONS = {
+    "plan.json": "the plan: placement (parallel sizes, layers per stage, GPU of every rank), estimate, solver report",
+    "megatron_args.sh": "Megatron-LM arguments as a bash array MEGATRON_ARGS (source it)",
+    "launch_torchrun.sh": "torchrun route: run on every node; per node its --node-rank and CUDA_VISIBLE_DEVICES",
+    "launch_slurm.sh": "Slurm route: srun --distribution=arbitrary with ./hostfile, per-rank GPU table",
+    "hostfile": "SLURM_HOSTFILE: line r is the host of global rank r",
+    "torchtitan_args.sh": "torchtitan 0.3.x command line (TORCHTITAN_ARGS); FRAMEWORK=torchtitan in the launch scripts",
+    "torchtitan-0.2.toml": "torchtitan 0.2.x [training]/[parallelism]/[activation_checkpoint] settings",
+    "schedule.png": "one iteration of the pipeline schedule (Gantt chart, critical path outlined)",
+    "memory.png": "memory per GPU of every pipeline stage against the limit and the capacity",
+    "cluster.png": "node x GPU grid coloured by pipeline stage, with the inter-node bandwidth matrix and slow links",
+    "report.html": "the tables and the pictures on one page",
+}
+
+
+def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Path]:
+    """Write every launch file of `plan` (a PlanResult: placement, estimate, to_dict) into `out_dir`.
+
+    Everything is rendered and self-checked before the first file is written, so a failed check leaves no
+    partial output. Returns file name -> path of everything written.
+    """
+
+    p, out = plan.placement, Path(out_dir)
+    files: dict[str, str] = {"megatron_args.sh": megatron_args_script(instance, plan)}
+    hostfile, slurm_script = slurm_files(slurm_launch(instance, p), p)
+    check_groups(instance, p, parse_slurm_files(hostfile, slurm_script))
+    files["launch_slurm.sh"], files["hostfile"] = slurm_script, hostfile
+    torchrun = torchrun_launch(instance, p)
+    if torchrun is not None:
+        files["launch_torchrun.sh"] = torchrun_script(torchrun, p)
+        check_groups(instance, p, parse_torchrun_script(files["launch_torchrun.sh"]))
+    files["torchtitan_args.sh"] = torchtitan_args_script(instance, plan)
+    files["torchtitan-0.2.toml"] = torchtitan_toml(instance, plan)
+    written: dict[str, Path] = {}
+    write_json_atomic(out / "plan.json", plan.to_dict(instance.cluster))
+    written["plan.json"] = out / "plan.json"
+    for name, text in files.items():
+        write_text_atomic(out / name, text, executable=name.startswith("launch_"))
+        written[name] = out / name
+    if pictures:
+        from solvers.outputs.plots import write_pictures
+        from solvers.outputs.report_html import report_html
+        written.update(write_pictures(instance, p, plan.estimate, out))
+        write_text_atomic(out / "report.html", report_html(instance, plan, written))
+        written["report.html"] = out / "report.html"
+    readme = [f"Launch files for the plan of {instance.name} ({instance.model.name}), written by llm-train-planner.",
+              "plan: " + p.summary(), "",
+              "Group self-check passed: Megatron-LM's tp, cp, dp, dp-with-cp and pp groups rebuilt from "
+              + ("both launch routes" if torchrun is not None else "the Slurm route")
+              + " equal the plan's groups.", ""]
+    if torchrun is None:
+        readme += ["No launch_torchrun.sh: some node hosts ranks that are not one contiguous block of equal size, "
+                   "which torchrun cannot express; use launch_slurm.sh.", ""]
+    readme += [f"{name:20s} {_DESCRIPTIONS.get(name, '')}" for name in [*written, "README.txt"] if name != "README.txt"]
+    readme.append(f"{'README.txt':20s} this file")
+    write_text_atomic(out / "README.txt", "\n".join(readme) + "\n")
+    written["README.txt"] = out / "README.txt"
+    return written

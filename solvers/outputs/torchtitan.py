@@ -1,0 +1,207 @@
+"""The plan as torchtitan settings: the command line of its current release and the TOML of its 0.2.x releases.
+
+Degrees map one to one (torchtitan's mesh order pp, dp_replicate, dp_shard, cp, tp matches Megatron's tp-cp-dp-pp).
+What torchtitan cannot run as planned is mapped to what it can run, and that placement is scored by
+`formulation.evaluate`, so the files state the time and memory it costs:
+- torchtitan has no optimizer-only sharding (zero_stage 1, Megatron's distributed optimizer);
+- with cp > 1 its FSDP mesh is dp_shard x cp, so parameters are always sharded over the cp ranks (zero_stage 3 over
+  dp x cp is the faithful case);
+- 0.2.x runs replicated data parallelism only alone ("DDP has not supported > 1D parallelism" with tp or pp);
+  0.3.x wraps replicate in fully_shard over (dp_replicate, fsdp) and accepts it with tp and pp.
+zero_stage 0 is torchtitan's replicate, zero_stage 3 its FSDP with `fsdp_reshard_after_forward = "always"` (the
+per-layer gather in forward and backward that the cost model charges; torchtitan's default skips the forward
+reshard when pp > 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from dataclasses import dataclass
+
+from formulation import evaluate
+from formulation.placement import Placement
+from solvers.outputs.report import comment_lines
+
+# The releases each output was checked against (tests/test_frameworks_torchtitan.py).
+CHECKED = {"0.3": "torchtitan 0.3.0 (torch 2.13.0)", "0.2": "torchtitan 0.2.2 (torch 2.13.0)"}
+
+
+@dataclass(frozen=True)
+class TorchtitanRun:
+    """What one torchtitan release runs for a plan: its data-parallel degrees and the placement it amounts to."""
+    release: str
+    placement: Placement  # the plan with the zero_stage torchtitan actually runs
+    estimate: object  # formulation.evaluate of `placement`
+    notes: tuple[str, ...]
+
+    @property
+    def shard(self) -> bool:
+        return self.placement.zero_stage == 3
+
+    @property
+    def replicate_degree(self) -> int:
+        return 1 if self.shard else self.placement.dp
+
+    @property
+    def shard_degree(self) -> int:
+        return self.placement.dp if self.shard else 1
+
+
+def runnable_zero_stages(p: Placement, release: str) -> tuple[int, ...]:
+    """The planner's zero stages that `release` runs as such (0: replicate, 3: FSDP over dp x cp)."""
+    if p.dp * p.cp == 1:
+        return (0, 1, 3)  # nothing to replicate or shard: every stage is the same run
+    if p.cp > 1:
+        return (3,)
+    if release == "0.2" and (p.tp > 1 or p.pp > 1):
+        return (3,)
+    return (0, 3)
+
+
+def _why_not(p: Placement, release: str) -> str:
+    reasons = []
+    if p.zero_stage == 1:
+        reasons.append("torchtitan has no optimizer-only sharding (Megatron's distributed optimizer)")
+    if p.cp > 1:
+        reasons.append("with context_parallel_degree > 1 torchtitan shards parameters over the cp ranks (its FSDP "
+                       "mesh is dp_shard x cp), so replicated data parallelism is not available")
+    elif release == "0.2" and (p.tp > 1 or p.pp > 1):
+        reasons.append(f"torchtitan {release}.x refuses replicate with tp or pp ('DDP has not supported > 1D "
+                       "parallelism'); HSDP (replicate x shard) is the other option it has")
+    return f"the plan's zero_stage {p.zero_stage} cannot run as planned: " + "; ".join(reasons)
+
+
+def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
+    """The run `release` can do for `plan`: as planned, or the fastest runnable zero stage that fits."""
+    p, e = plan.placement, plan.estimate
+    if p.zero_stage in runnable_zero_stages(p, release):
+        return TorchtitanRun(release, p, e, ())
+    scored = [(evaluate(instance, dataclasses.replace(p, zero_stage=z), check=False), z)
+              for z in runnable_zero_stages(p, release)]
+    fitting = [(est, z) for est, z in scored if est.fits] or scored
+    est, z = min(fitting, key=lambda pair: pair[0].iteration_time_s)
+    kind = "FSDP (data_parallel_shard_degree = dp)" if z == 3 else "replicate (data_parallel_replicate_degree = dp)"
+    change = est.iteration_time_s / e.iteration_time_s - 1
+    note = (f"{_why_not(p, release)}. Mapped to zero_stage {z}, {kind}: {est.iteration_time_s:.3f} s per iteration "
+            f"instead of {e.iteration_time_s:.3f} s ({change:+.1%}), peak {est.peak_memory_gib:.1f} GiB per GPU instead "
+            f"of {e.peak_memory_gib:.1f} GiB" + ("" if est.fits else ", OVER the memory limit") + " (formulation.evaluate)")
+    others = [f"zero_stage {other} would take {o.iteration_time_s:.3f} s" + ("" if o.fits else
+              f" and exceed the memory limit by {o.memory_shortfall_gib:.1f} GiB") for o, other in scored if other != z]
+    note += ("; " + "; ".join(others) if others else "") + (
+        f'. For a plan torchtitan runs as planned, re-plan with "zero_stage": {list(runnable_zero_stages(p, release))} '
+        'in the instance\'s training section.')
+    return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est, (note,))
+
+
+def torchtitan_model(model_name: str) -> tuple[str, str] | None:
+    """torchtitan's (--module, --config) for the planner's model preset, where torchtitan ships one."""
+    match = re.fullmatch(r"llama-?3(?:\.\d)?-(\d+)b", model_name.lower())
+    if match and match.group(1) in ("8", "70", "405"):
+        return "llama3", f"llama3_{match.group(1)}b"
+    return None
+
+
+def _batch(p: Placement, m: int) -> tuple[int, str]:
+    if p.pp > 1:
+        return p.micro_batch_size * m, f"sequences per data-parallel rank, split into {m} micro-batches"
+    return p.micro_batch_size, f"torchtitan accumulates gradients over {m} steps"
+
+
+def _degrees(run: TorchtitanRun) -> list[tuple[str, object]]:
+    p = run.placement
+    pairs: list[tuple[str, object]] = [
+        ("data_parallel_replicate_degree", run.replicate_degree), ("data_parallel_shard_degree", run.shard_degree)]
+    if run.shard:
+        pairs.append(("fsdp_reshard_after_forward", "always"))
+    pairs += [("tensor_parallel_degree", p.tp), ("pipeline_parallel_degree", p.pp),
+              ("context_parallel_degree", p.cp)]
+    if p.pp > 1:
+        pairs += [("pipeline_parallel_microbatch_size", p.micro_batch_size),
+                  ("pipeline_parallel_schedule", "Interleaved1F1B" if p.vpp > 1 else "1F1B")]
+    return pairs
+
+
+def torchtitan_arguments(instance, plan) -> tuple[list[str], list[str], list[str]]:
+    """(options, trailing subcommands, notes) of torchtitan 0.3.x's command line (its tyro configuration).
+
+    The activation-checkpoint subcommand must come after every option (tyro applies later options to it)."""
+    run = torchtitan_run(instance, plan, "0.3")
+    p, job = run.placement, instance.training
+    local, _ = _batch(p, plan.estimate.num_micro_batches)
+    args = [f"--training.local-batch-size={local}", f"--training.global-batch-size={job.global_batch_size}",
+            f"--training.seq-len={job.seq_length}"]
+    if p.pp > 1:
+        args.append("--training.disable-cuda-graphs")  # torchtitan 0.3 refuses CUDA graphs with pp
+    args += [f"--parallelism.{name.replace('_', '-')}={value}" for name, value in _degrees(run)]
+    if p.pp > 1:
+        args += ["--parallelism.module-fqns-per-model-part", *(",".join(part) for part in model_parts(instance, p))]
+    subcommand = {"none": "none", "selective": "selective", "full": "full"}[p.recompute]
+    return args, [f"activation-checkpoint:{subcommand}"], list(run.notes)
+
+
+def torchtitan_args_script(instance, plan) -> str:
+    """torchtitan_args.sh: bash arrays TORCHTITAN_ARGS and TORCHTITAN_SUBCOMMANDS for `-m torchtitan.train`."""
+    args, subcommands, notes = torchtitan_arguments(instance, plan)
+    known = torchtitan_model(instance.model.name)
+    lines = [f"# torchtitan command line for the plan of {instance.name} ({instance.model.name}), llm-train-planner.",
+             f"# For torchtitan 0.3.x (command-line configuration); checked with {CHECKED['0.3']}: parsed by its",
+             "# ConfigManager and accepted by its ParallelDims at the plan's world size. 0.2.x: torchtitan-0.2.toml.",
+             f"# plan: {plan.placement.summary()}",
+             "# Launch: FRAMEWORK=torchtitan bash launch_torchrun.sh (or launch_slurm.sh) [extra options]; they run",
+             "# python -m torchtitan.train \"${TORCHTITAN_ARGS[@]}\" [extra options] \"${TORCHTITAN_SUBCOMMANDS[@]}\"."]
+    lines += comment_lines(notes, "NOTE: ")
+    if known:
+        lines += [f"TORCHTITAN_MODULE=${{TORCHTITAN_MODULE:-{known[0]}}}",
+                  f"TORCHTITAN_CONFIG=${{TORCHTITAN_CONFIG:-{known[1]}}}"]
+    else:
+        lines += ["# torchtitan ships no config for this model: name your own module and config_registry function.",
+                  ': "${TORCHTITAN_MODULE:?set TORCHTITAN_MODULE (torchtitan --module) for this model}"',
+                  ': "${TORCHTITAN_CONFIG:?set TORCHTITAN_CONFIG (torchtitan --config) for this model}"']
+    lines += ["TORCHTITAN_ARGS=(", '  --module "$TORCHTITAN_MODULE" --config "$TORCHTITAN_CONFIG"']
+    lines += [f"  {shlex.quote(arg)}" for arg in args]
+    lines += [")", f"TORCHTITAN_SUBCOMMANDS=({' '.join(map(shlex.quote, subcommands))})"]
+    return "\n".join(lines) + "\n"
+
+
+def torchtitan_toml(instance, plan) -> str:
+    """torchtitan-0.2.toml: `[training]`, `[parallelism]`, `[activation_checkpoint]` for torchtitan 0.2.x."""
+    run = torchtitan_run(instance, plan, "0.2")
+    p, job = run.placement, instance.training
+    local, why = _batch(p, plan.estimate.num_micro_batches)
+    lines = [f"# torchtitan 0.2.x settings for the plan of {instance.name} ({instance.model.name}), llm-train-planner.",
+             f"# Checked with {CHECKED['0.2']}: read by its ConfigManager (--job.config_file) and accepted by its",
+             "# ParallelDims. torchtitan 0.3 reads no TOML: use torchtitan_args.sh there.",
+             f"# plan: {plan.placement.summary()}",
+             "# Merge into your torchtitan train config (model name/flavor, data and optimizer stay yours) and start",
+             "# it through launch_torchrun.sh or launch_slurm.sh so the ranks land on the plan's GPUs.",
+             "", "[training]", f"local_batch_size = {local}  # {why}",
+             f"global_batch_size = {job.global_batch_size}", f"seq_len = {job.seq_length}", "", "[parallelism]"]
+    lines += comment_lines(list(run.notes))
+    lines += [f"{name} = " + (f'"{value}"' if isinstance(value, str) else f"{value}") for name, value in _degrees(run)]
+    if p.pp > 1:
+        lines += ["# the plan's layer split, one model part per virtual stage (part k runs on stage k mod pp)",
+                  "module_fqns_per_model_part = ["]
+        lines += ["  [" + ", ".join(f'"{name}"' for name in part) + "]," for part in model_parts(instance, p)] + ["]"]
+    lines += ["", "[activation_checkpoint]", f'mode = "{p.recompute}"']
+    if p.recompute == "selective":
+        lines.append('selective_ac_option = "op"  # recompute cheap ops, keep matmul outputs (close to Megatron\'s '
+                     'selective recompute of the attention core)')
+    return "\n".join(lines) + "\n"
+
+
+def model_parts(instance, p: Placement) -> list[list[str]]:
+    """torchtitan module names (Llama-family models) per virtual stage, in Megatron's chunk order."""
+    num_layers, first, parts = instance.model.num_layers, 0, []
+    for chunk in range(p.vpp):
+        for stage in range(p.pp):
+            n = p.layers_per_stage[stage] // p.vpp
+            names = [f"layers.{i}" for i in range(first, first + n)]
+            if first == 0:
+                names.insert(0, "tok_embeddings")
+            if first + n == num_layers:
+                names += ["norm", "output"]
+            parts.append(names)
+            first += n
+    return parts

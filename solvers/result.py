@@ -1,0 +1,54 @@
+"""What a search returns: the plan (placement + estimate) and the solver's report (the public plan contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from formulation.evaluate import Estimate
+from formulation.placement import Placement
+
+
+@dataclass
+class SolverReport:
+    method: str
+    status: str  # "optimal", "feasible", "infeasible", "timeout"
+    objective_s: float | None
+    bound_s: float | None
+    gap: float | None
+    wall_time_s: float
+    seed: int
+    note: str = ""
+    objective: str = "time"  # what was minimised: time (s per iteration), cost (price per million tokens), gpus
+    objective_value: float | None = None  # in the objective's unit (= objective_s for time)
+    bound_value: float | None = None
+    islands: list = field(default_factory=list)  # mixed clusters: per island what it is, what it hosts, why idle
+
+    def to_dict(self) -> dict:
+        out = {"method": self.method, "status": self.status, "objective_s": self.objective_s,
+               "bound_s": self.bound_s, "gap": self.gap, "wall_time_s": self.wall_time_s, "seed": self.seed,
+               "note": self.note, "objective": self.objective}
+        if self.objective != "time":
+            out["objective_value"], out["bound_value"] = self.objective_value, self.bound_value
+        if self.islands:
+            out["islands"] = self.islands
+        return out
+
+
+@dataclass
+class PlanResult:
+    placement: Placement
+    estimate: Estimate
+    solver: SolverReport
+    alternatives: list = field(default_factory=list)  # (placement, estimate) of the next-best configurations
+    examined: int = 0
+    fitting: int = 0
+    default: tuple | None = None  # (placement, estimate) of the fastest Megatron-style default placement
+    history: list = field(default_factory=list)  # (seconds since the search began, best time) at each improvement
+
+    def to_dict(self, cluster) -> dict:
+        out = {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict(),
+               "solver": self.solver.to_dict()}
+        if self.alternatives:
+            out["alternatives"] = [{"placement": p.to_dict(cluster), "estimate": e.to_dict()}
+                                   for p, e in self.alternatives]
+        return out

@@ -1,0 +1,179 @@
+"""Beyond the exact program: spend the search's remaining budget where the bound says the optimum may be.
+
+After the enumeration (every configuration's lower bound, its default placement scored) and the exactly
+optimised partitions of the default maps, the bound-only search improves placements in two phases:
+
+1. the best placements found so far (ANNEAL_CONFIGURATIONS of them): weak nodes relocated
+   (solvers/local/relocate.py), then annealed (solvers/local/annealing.py);
+2. rounds over every configuration whose lower bound is below the incumbent, in bound order (the one that may
+   hold the optimum first): annealed from its best placement (round 0), then restarted from a different map
+   (the default map with its node order shuffled; odd rounds) or from its best again with another seed, with
+   twice the moves of the round before; after each anneal, the exact partition program
+   (solvers/local/partition.py) re-splits the layers for the annealed map. The incumbent falls as placements
+   improve, and configurations whose bound no longer beats it drop out of later rounds.
+
+Without a time limit both phases run on move counts (deterministic per seed) and phase 2 runs GAP_ROUNDS
+rounds, within GAP_BUDGET_S of wall time; with a time limit phase 1 takes PHASE1_SHARES of what is left (half
+for the best plan so far: on a short budget depth on the likely winner pays most), at most
+PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals each, phase 2 runs rounds until FINAL_SHARE of the time it
+started with is left, and that goes to one more anneal of the best plan found. Every improvement is recorded in the search's history (time, best),
+from which the gap over time follows (the bound is fixed once the enumeration ends).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from formulation.errors import InfeasibleError
+from formulation.evaluate import evaluate
+from formulation.placement import even_split
+from formulation.space import placement_for
+
+from solvers.local.annealing import anneal
+from solvers.local.partition import best_partition
+from solvers.local.relocate import relocate_weak_nodes
+
+INF = float("inf")
+# phase 1: the placements of this many best configurations are annealed (ANNEAL_MOVES proposals each without
+# a time limit)
+ANNEAL_CONFIGURATIONS = 3
+ANNEAL_MOVES = 4000
+# phase 2 without a time limit: rounds over the configurations the bound leaves open, and a wall-clock cap
+GAP_ROUNDS = 2
+GAP_BUDGET_S = 10.0
+# phase 1 with a time limit: the share of the time left that each of the best configurations gets (the best
+# first); phase 2 gets the rest. A short budget is best spent deep on the plan most likely to win.
+PHASE1_SHARES = (0.5, 0.1, 0.1)
+# ... and at most this many times ANNEAL_MOVES (64 GPUs converge in a few seconds: the rest of a long budget
+# is better spent on the configurations the bound leaves open)
+PHASE1_MOVES_FACTOR = 4
+# with a time limit, the last share of what phase 2 starts with goes to one clock-driven anneal of the best plan
+# found (depth where the winner is, after breadth where the bound points)
+FINAL_SHARE = 0.3
+# an anneal is not started with less time than this left (its start and final evaluate() take about that on
+# 512 GPUs): the time limit is a promise
+MIN_ANNEAL_S = 0.5
+
+
+def close_gap(instance, candidates, result, deadline: float, seed: int, top: int, moves: int | None,
+              kth_best, improved, solver: str = "cpsat") -> None:
+    """Both phases (module docstring). `moves`: proposals per anneal (None: share the time left until the
+    deadline); `kth_best(candidates, top)` is the value a configuration's bound must beat to stay open;
+    `improved(result, value)` records a new best."""
+    incumbent = min((c.estimate.iteration_time_s for c in candidates if c.estimate is not None), default=INF)
+    open_ = [c for c in candidates if c.lower_bound_s < (c.estimate.iteration_time_s if c.estimate else incumbent)
+             * (1 - 1e-9)]
+    first = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound_s, c.config))
+    first = first[:max(ANNEAL_CONFIGURATIONS, top)]
+    now = time.perf_counter()
+    timed = deadline != INF and moves is None
+    done = set()
+    for k, cand in enumerate(first):
+        if time.perf_counter() >= deadline:
+            break
+        # relocation is a greedy pass of evaluate() calls: at most a tenth of what is left with a time limit
+        _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10,
+                  improved)
+        # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it)
+        share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
+        count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES
+        if _anneal(instance, cand, result, seed, count, share, deadline, improved):
+            done.add(cand.config)
+    if time.perf_counter() >= deadline:
+        result.stopped = "time limit"
+        return
+    budget_end = min(deadline, time.perf_counter() + GAP_BUDGET_S) if deadline == INF else deadline
+    if timed:  # the last FINAL_SHARE of the time deepens the best plan found (below)
+        budget_end = deadline - FINAL_SHARE * (deadline - time.perf_counter())
+    _rounds(instance, candidates, result, seed, top, moves, kth_best, improved, solver, done, budget_end,
+            GAP_ROUNDS if deadline == INF else 1_000_000)
+    if timed and time.perf_counter() < deadline:
+        best = min((c for c in candidates if c.estimate is not None), key=lambda c: (c.estimate.iteration_time_s,
+                                                                                     c.config))
+        _anneal(instance, best, result, seed + 1, None, deadline - time.perf_counter(), deadline, improved)
+    if time.perf_counter() >= deadline:
+        result.stopped = "time limit"
+
+
+def _rounds(instance, candidates, result, seed, top, moves, kth_best, improved, solver, done, budget_end,
+            rounds: int) -> None:
+    """Phase 2 (module docstring): at most `rounds` rounds, until `budget_end`."""
+    base = moves or ANNEAL_MOVES
+    for r in range(rounds):
+        order = sorted((c for c in candidates if c.lower_bound_s < kth_best(candidates, top) * (1 - 1e-9)),
+                       key=lambda c: (c.lower_bound_s, c.config))
+        order = [c for c in order if r > 0 or c.config not in done]
+        if not order and r > 0:
+            break
+        for cand in order:
+            if time.perf_counter() >= budget_end:
+                return
+            if cand.lower_bound_s >= kth_best(candidates, top) * (1 - 1e-9):
+                continue  # the incumbent fell below its bound during this round
+            if r == 0:
+                _relocate(instance, cand, result, budget_end, improved)
+            start = _shuffled_start(instance, cand, seed + r) if r % 2 else cand.placement
+            if _anneal(instance, cand, result, seed + r, base * 2 ** r, budget_end - time.perf_counter(),
+                       budget_end, improved, start=start, repartition=solver):
+                result.gap_annealed += 1
+
+
+def _relocate(instance, cand, result, deadline, improved) -> None:
+    if cand.placement is None:
+        return
+    moved = relocate_weak_nodes(instance, cand.placement, None if deadline == INF else deadline)
+    if moved.gpus != cand.placement.gpus:
+        est = evaluate(instance, moved)
+        if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
+            _keep(cand, moved, est, result, improved)
+
+
+def _keep(cand, placement, est, result, improved) -> None:
+    cand.placement, cand.estimate = placement, est
+    cand.default_s = min(cand.default_s or INF, est.iteration_time_s)
+    improved(result, est.iteration_time_s)
+
+
+def _anneal(instance, cand, result, seed, moves, time_s, deadline, improved, start="best",
+            repartition: str | None = None) -> bool:
+    """Anneal one configuration (from `start`, by default its best placement); keep what improves it. With
+    `repartition` (a backend name) the annealed map's layers are re-split exactly. False if nothing fits."""
+    if start == "best":
+        start = cand.placement
+    if time_s is not None and time_s < MIN_ANNEAL_S:
+        return False
+    try:
+        found = anneal(instance, cand.config, seed=seed, max_moves=moves, time_limit_s=time_s, start=start)
+    except InfeasibleError:  # no split of the start's map fits: nothing to start from
+        return False
+    result.annealed += 1
+    placement, est = found.placement, found.estimate
+    if repartition and placement.pp > 1 and time.perf_counter() < deadline:
+        split = best_partition(instance, placement, solver=repartition,
+                               time_limit_s=min(10.0, max(0.05, deadline - time.perf_counter())))
+        if split is not None:
+            better = evaluate(instance, split)
+            if better.fits and better.iteration_time_s < est.iteration_time_s:
+                placement, est = split, better
+    if est.fits and (cand.estimate is None or est.iteration_time_s < cand.estimate.iteration_time_s):
+        _keep(cand, placement, est, result, improved)
+    return True
+
+
+def _shuffled_start(instance, cand, seed: int):
+    """The configuration's default map with its node order shuffled (seeded): a restart elsewhere in the space
+    of node permutations; the annealer repairs the split if it does not fit there."""
+    cluster, config = instance.cluster, cand.config
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(cluster.nodes))
+    gpus = [g for n in order for g in range(int(cluster.node_offset[n]), int(cluster.node_offset[n + 1]))]
+    world = config.tp * config.pp * config.cp * config.dp
+    if cand.placement is not None:
+        layers = cand.placement.layers_per_stage
+    elif instance.model.num_layers % config.vpp == 0:
+        layers = [u * config.vpp for u in even_split(instance.model.num_layers // config.vpp, config.pp)]
+    else:
+        return None  # the annealer's own start (the default map)
+    return placement_for(config, layers, gpus[:world])

@@ -1,0 +1,113 @@
+"""`solve()` for clusters of several GPU types (and for the cost / GPU-count objectives): the composition search
+of solvers/search/mixed.py, wrapped into a PlanResult whose report says, per island, what it hosts and why any of
+its GPUs stay idle."""
+
+from __future__ import annotations
+
+import time
+
+from formulation.programs.composition import island_tables
+from formulation.physics.memory import stage_memory
+from formulation.space import Config
+
+from solvers.result import PlanResult, SolverReport
+from solvers.search.mixed import compose_search
+
+UNITS = {"time": "s per iteration", "cost": "price per million tokens", "gpus": "GPUs"}
+
+
+def island_report(instance, placement, islands, objective: str = "time") -> list[dict]:
+    """Per island: its GPUs, the stages it hosts, its idle GPUs and the reason they are idle."""
+    cluster = instance.cluster
+    S = placement.tp * placement.cp * placement.dp
+    tables = island_tables(instance, Config(*placement.config_key()), islands, layer_counts=False)
+    stage_of_gpu = {int(g): i for i in range(placement.pp) for g in placement.stage_gpus(i)}
+    out = []
+    for isl, tb in zip(islands, tables):
+        gpus = isl.gpus(cluster)
+        stages = sorted({stage_of_gpu[g] for g in gpus if g in stage_of_gpu})
+        idle = sum(1 for g in gpus if g not in stage_of_gpu)
+        if idle == 0:
+            why = ""
+        elif not tb.slots:
+            why = (f"a stage is tp x cp x dp = {S} GPUs, which does not tile its nodes of {isl.gpus_per_node} GPUs "
+                   f"(or tp {placement.tp} does not divide them)")
+        elif max(tb.caps) < placement.vpp:
+            roomiest = max(range(placement.pp), key=tb.caps.__getitem__)  # the stage closest to fitting
+            need = stage_memory(instance, placement, roomiest, placement.vpp, cluster.gpu_types[isl.gpu_type])
+            why = (f"its GPUs cannot hold any stage of this configuration: {need.total_gib:.1f} GiB needed with "
+                   f"{placement.vpp} layer(s) against {need.limit_gib:.1f} GiB allowed")
+        elif idle < S:
+            why = f"{idle} GPUs left over, fewer than one stage's {S}"
+        else:
+            why = {"time": "the proven fastest plan leaves them out: using more of them is no faster (a slower "
+                           "type or link would set the pace, or the stages would not balance)",
+                   "cost": "the proven cheapest plan per token leaves them out: they would add more price than speed",
+                   "gpus": "the required throughput is reached with fewer GPUs"}[objective]
+        out.append({"island": isl.describe(cluster), "gpu_type": isl.gpu_type, "gpus": isl.num_gpus,
+                    "stages": stages, "layers": sum(placement.layers_per_stage[i] for i in stages),
+                    "idle_gpus": idle, "why_idle": why})
+    return out
+
+
+def solve_composed(instance, solver: str = "auto", time_limit: float | None = None, threads: int = 1, seed: int = 0,
+                   top: int = 1, progress=None, objective: str = "time",
+                   required_tokens_per_s: float | None = None) -> PlanResult:
+    from solvers import backends
+
+    start = time.perf_counter()
+    backend = solver if solver in ("cbc", "cpsat") else ("cpsat" if backends.available()["cpsat"] else "cbc")
+    found = compose_search(instance, solver=backend, objective=objective, required_tokens_per_s=required_tokens_per_s,
+                           time_limit_s=time_limit, threads=threads, seed=seed, top=top, progress=progress)
+    best = found.ranked[0]
+    value = best.value
+    default = _type_blind_default(instance)
+    gap = max(0.0, (value - found.bound) / value) if value else 0.0
+    islands = island_report(instance, best.placement, found.islands, objective)
+    idle = sum(r["idle_gpus"] for r in islands)
+    names = "; ".join(f"{r['island']}: stages {r['stages'] or 'none'}" for r in islands)
+    note = (f"{len(found.islands)} islands ({names}); {found.candidates} configurations"
+            f"{' x stage counts per GPU type' if objective == 'cost' else ''} bounded, {found.solved} composition programs "
+            f"solved to optimality, {found.refuted} shown by their program to be no better than the incumbent, "
+            f"{found.pruned} pruned by bound, {found.infeasible} do not fit; "
+            f"{idle} GPU(s) idle")
+    if objective == "gpus":
+        note += f"; fewest GPUs reaching {required_tokens_per_s:g} tokens/s"
+    if found.stopped:
+        note += f"; stopped by the {found.stopped}"
+    if found.errors:
+        note += f"; {len(found.errors)} program(s) failed: {found.errors[0]}"
+    if objective == "gpus":  # the value carries the time as a tie-break fraction: report whole GPUs
+        value, bound = float(best.placement.world_size), float(int(found.bound))
+        gap = max(0.0, (value - bound) / value)
+    else:
+        bound = found.bound
+    time_s = best.estimate.iteration_time_s
+    report = SolverReport(method=f"islands-{backend}", status=found.status, objective_s=time_s,
+                          bound_s=found.bound if objective == "time" else None, gap=gap,
+                          wall_time_s=time.perf_counter() - start, seed=seed, note=note, objective=objective,
+                          objective_value=value, bound_value=bound, islands=islands)
+    if objective == "time" and default is not None and default[1].iteration_time_s < time_s:
+        report.note += (f"; the type-blind Megatron default ({default[1].iteration_time_s:.4f} s, stages across "
+                        f"GPU types) beats every island composition, so it is the plan; the bound covers "
+                        f"compositions only")
+        report.status, report.bound_s, report.gap = "feasible", None, None
+        report.objective_s = report.objective_value = default[1].iteration_time_s
+        return PlanResult(placement=default[0], estimate=default[1], solver=report, examined=found.solved,
+                          fitting=1, default=default, history=found.history)
+    return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
+                      alternatives=[(o.placement, o.estimate) for o in found.ranked[1:]],
+                      examined=found.solved, fitting=len(found.ranked), history=found.history, default=default)
+
+
+def _type_blind_default(instance):
+    """The Megatron-style default over all GPUs (even split, ranks node by node, stages at their slowest GPU's
+    pace): what the plan is compared with. None when no default placement fits."""
+    from formulation.errors import InfeasibleError
+
+    from solvers.search.baseline import best_default
+    try:
+        ranked = best_default(instance).best[0]
+    except InfeasibleError:
+        return None
+    return ranked.placement, ranked.estimate

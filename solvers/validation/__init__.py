@@ -1,0 +1,1 @@
+"""Predictions against measured runs: loading the runs, validation, calibration, and the benchmark."""

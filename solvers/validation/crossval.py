@@ -1,0 +1,196 @@
+"""Leave-one-source-out cross-validation: for each source (the paper, repository or document rows come from),
+refit whatever is fitted on the other sources only, then predict that source.
+
+Rows of one source share hardware, software, flags and authors, so a random split measures interpolation;
+predicting a source that never took part in the fit is what a new user's cluster looks like. What is fitted
+is the per-chip, per-stack efficiency triple of `calibrate` (C1, C2). Each fold's fit starts from the stored
+calibration and runs a Gauss-Newton least-squares fit of the log errors on the fold's own rows to its own
+optimum (the start only saves iterations). A chip and stack with no rows outside the held-out source falls
+back to the chip's Megatron fit of the fold, else the catalog's uncalibrated defaults: what a new user gets.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from formulation.data import REFERENCE_DIR
+from formulation.evaluate import evaluate
+from formulation.inputs.cluster import gpu_catalog
+from formulation.physics.memory import GIB
+from solvers.validation.calibrate import (EXCLUDED, FITTED, MIN_ROWS_FULL_FIT, calibration_key, chip_of,
+                                          log_errors, to_params, to_vector, with_parameters)
+from solvers.validation.runs import Run, load_runs
+
+# Source families: one family per document (or set of documents) written by one team for one stack and era.
+FAMILIES = (("SC21", "Megatron-LM SC21 paper"), ("Korthikanti", "Korthikanti et al. 2022"),
+            ("Sept 2020", "Megatron-LM README 2020"), ("Training Speed", "Megatron-LM README 2024"),
+            ("strong scaling", "Megatron-LM README 2024"), ("examples/llama", "Megatron-LM Llama examples"),
+            ("performance_summary", "NeMo performance summary"),
+            ("performance_long_sequence", "NeMo long-sequence performance"),
+            ("dgxc-benchmarking", "NVIDIA DGX Cloud benchmarking"), ("llm-foundry", "MosaicML llm-foundry"),
+            ("torchtitan", "torchtitan benchmarks"))
+TORCHTITAN_ROW_OFFSET = 1000  # the torchtitan file's rows are numbered after the main file's
+
+
+def source_family(source: str) -> str:
+    return next((name for key, name in FAMILIES if key in source), source.split(" (")[0].strip())
+
+
+def reference_runs() -> list[Run]:
+    """Every packaged reference run: the main file and torchtitan's benchmarks (rows offset by 1000)."""
+    runs = load_runs(REFERENCE_DIR / "published_runs.csv")
+    for run in load_runs(REFERENCE_DIR / "published_runs_torchtitan.csv"):
+        run.row += TORCHTITAN_ROW_OFFSET
+        runs.append(run)
+    return runs
+
+
+def scored(runs: list[Run]) -> list[Run]:
+    """Runs the model can score (a time and a configuration) and that no documented reason excludes."""
+    return [r for r in runs if r.skipped_reason is None and r.row not in EXCLUDED]
+
+
+def measured_oom(runs: list[Run]) -> list[Run]:
+    """Runs that measured out-of-memory (no time): scored on the memory call alone."""
+    return [r for r in runs if r.measured_oom and r.instance is not None and r.row not in EXCLUDED]
+
+
+def fit_least_squares(rows: list[Run], start: dict) -> dict:
+    """The efficiency triple minimising the squared log error of iteration time over `rows`, from `start`.
+    Few rows cannot pin three parameters: then only the GEMM efficiency moves."""
+    x0 = to_vector(start)
+    free = len(x0) if len(rows) >= MIN_ROWS_FULL_FIT else 1
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        return log_errors(rows, to_params(np.concatenate([z, x0[free:]])))
+
+    result = least_squares(residuals, x0[:free], method="trf", x_scale=1.0, diff_step=1e-3, ftol=1e-6,
+                           xtol=1e-6, max_nfev=60)
+    return to_params(np.concatenate([result.x, x0[free:]]))
+
+
+@dataclass
+class Prediction:
+    run: Run
+    instance: object  # the run's instance with the fold's fitted parameters
+    family: str
+    iteration_time_s: float
+    peak_memory_gib: float
+    capacity_gib: float
+    limit_gib: float
+
+    @property
+    def timed(self) -> bool:
+        return self.run.measured_iter_s is not None
+
+    @property
+    def error(self) -> float:
+        return self.iteration_time_s / self.run.measured_iter_s - 1
+
+
+def _stored_start(key: str) -> dict:
+    catalog = gpu_catalog(key.partition("+")[2] or "megatron")
+    chip = key.partition("+")[0]
+    return {k: catalog[chip][k] for k in FITTED}
+
+
+def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adjust=None) -> list[Prediction]:
+    """Predict every scored run with parameters fitted on the other sources (`in_sample`: the stored
+    calibration, fitted on all of them), and the memory of every run that measured out-of-memory.
+    `adjust(instance)` is applied last (a user's calibration knobs)."""
+    ooms = measured_oom(runs)
+    runs = scored(runs)
+    families = sorted({source_family(r.source) for r in runs})
+    cache: dict[tuple, dict] = {}
+    defaults = {k: gpu_catalog()["__default__"][k] for k in FITTED}
+
+    def fit_for(key: str, train: list[Run]) -> dict | None:
+        rows = [r for r in train if chip_of(r.gpu_type) and calibration_key(r) == key]
+        if not rows:
+            return None
+        ident = (key, tuple(sorted(r.row for r in rows)))
+        if ident not in cache:
+            cache[ident] = fit_least_squares(rows, _stored_start(key))
+        return cache[ident]
+
+    families = sorted(set(families) | {source_family(r.source) for r in ooms})
+    out = []
+    for k, family in enumerate(families):
+        held = [r for r in runs + ooms if source_family(r.source) == family]
+        train = [r for r in runs if source_family(r.source) != family]
+        for run in held:
+            params = None
+            if chip_of(run.gpu_type) and not in_sample:
+                key = calibration_key(run)
+                # no rows of this chip elsewhere: the catalog's uncalibrated defaults, never the stored fit
+                # (which saw this source)
+                params = fit_for(key, train) or fit_for(key.partition("+")[0], train) or defaults
+            instance = with_parameters(run, params) if params else run.instance
+            instance = adjust(instance) if adjust else instance
+            est = evaluate(instance, run.placement, check=False)
+            out.append(Prediction(run, instance, family, est.iteration_time_s, est.peak_memory_gib,
+                                  min(s.memory.capacity_gib for s in est.stages),
+                                  min(s.memory.limit_gib for s in est.stages)))
+        if progress:
+            progress(k + 1, len(families), family)
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Rank correlation (average ranks for ties); None below two points or with no spread."""
+    if len(xs) < 2:
+        return None
+    rx, ry = (np.argsort(np.argsort(v, kind="stable")).astype(float) for v in (xs, ys))
+    for ranks, v in ((rx, xs), (ry, ys)):  # ties share their average rank
+        for value in set(v):
+            idx = [i for i, x in enumerate(v) if x == value]
+            ranks[idx] = ranks[idx].mean()
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def summarize(predictions: list[Prediction]) -> dict:
+    """Per source and pooled: runs, median signed and absolute error, worst row; sweep-group rank
+    correlations (groups of >= 4 runs); memory against measured peaks; out-of-memory calls."""
+    def stats(items: list[Prediction]) -> dict:
+        if not items:
+            return {"runs": 0}
+        worst = max(items, key=lambda p: abs(p.error))
+        return {"runs": len(items), "median_error": _median([p.error for p in items]),
+                "median_abs_error": _median([abs(p.error) for p in items]), "worst_row": worst.run.row,
+                "worst_error": worst.error, "worst_model": worst.run.name}
+
+    oom = [{"row": p.run.row, "family": p.family, "predicted_gib": p.peak_memory_gib, "capacity_gib": p.capacity_gib,
+            "predicted_to_fit": p.peak_memory_gib <= p.capacity_gib}
+           for p in predictions if p.run.measured_oom]
+    predictions = [p for p in predictions if p.timed]
+    families = sorted({p.family for p in predictions})
+    groups: dict[tuple, list[Prediction]] = {}
+    for p in predictions:
+        groups.setdefault(p.run.group, []).append(p)
+    sweeps = [{"group": list(g), "runs": len(items),
+               "spearman": spearman([p.iteration_time_s for p in items], [p.run.measured_iter_s for p in items])}
+              for g, items in sorted(groups.items(), key=lambda kv: str(kv[0])) if len(items) >= 4]
+    memory = [{"row": p.run.row, "family": p.family, "predicted_gib": p.peak_memory_gib,
+               "measured_gib": p.run.measured_peak_memory_gb * 1e9 / GIB,
+               "error": p.peak_memory_gib / (p.run.measured_peak_memory_gb * 1e9 / GIB) - 1}
+              for p in predictions if p.run.measured_peak_memory_gb]
+    return {"sources": {f: stats([p for p in predictions if p.family == f]) for f in families},
+            "pooled": stats(predictions), "sweep_groups": sweeps,
+            "memory": {"rows": memory, "median_abs_error": _median([abs(m["error"]) for m in memory]),
+                       "median_error": _median([m["error"] for m in memory])},
+            "measured_oom": oom}
+
+
+def log_residuals(predictions: list[Prediction]) -> list[float]:
+    return [math.log(p.iteration_time_s / p.run.measured_iter_s) for p in predictions if p.timed]

@@ -1,0 +1,76 @@
+"""Few-shot calibration on a user's own runs: at most three knobs (compute scale, network scale, fixed
+per-iteration overhead) fitted on two or more measured runs of their cluster and stack.
+
+Two runs cannot pin three knobs on their own: the fit minimises the squared log error of iteration time
+plus a weak pull of each knob toward "no change" (0.05 per unit of log scale, and per 10 % of the mean
+iteration time for the overhead), so two runs move the knobs the data speak for and leave the rest."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from formulation.evaluate import evaluate
+from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration
+from solvers.validation.crossval import Prediction, spearman
+
+PRIOR_WEIGHT = 0.05
+
+
+def _knobs(z: np.ndarray, mean_time_s: float) -> UserCalibration:
+    return UserCalibration(compute_scale=math.exp(z[0]), network_scale=math.exp(z[1]),
+                           iteration_overhead_s=max(0.0, z[2]) * mean_time_s)
+
+
+def fit_user_calibration(cases: list[tuple], names: tuple = ()) -> UserCalibration:
+    """`cases`: (instance, placement, measured iteration time) of the user's runs; >= 1."""
+    mean_time = statistics.fmean(t for *_, t in cases)
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        cal = _knobs(z, mean_time)
+        errs = [math.log(evaluate(apply_user_calibration(inst, cal), p, check=False).iteration_time_s / t)
+                for inst, p, t in cases]
+        return np.array(errs + list(PRIOR_WEIGHT * np.array([z[0], z[1], z[2] / 0.1])))
+
+    # start strictly inside the bounds: the trust region collapses on a variable that starts on its bound
+    result = least_squares(residuals, np.array([0.0, 0.0, 0.01]), bounds=([-2.0, -3.0, 0.0], [2.0, 3.0, 5.0]),
+                           diff_step=1e-3, max_nfev=80)
+    cal = _knobs(result.x, mean_time)
+    return UserCalibration(cal.compute_scale, cal.network_scale, cal.iteration_overhead_s, tuple(names))
+
+
+def leave_one_out(cases: list[tuple], names: tuple) -> tuple[UserCalibration, list[float]]:
+    """The fit on all runs, and each run's error when predicted from a fit on the others."""
+    errors = []
+    if len(cases) >= 2:
+        for k, (inst, p, t) in enumerate(cases):
+            cal = fit_user_calibration(cases[:k] + cases[k + 1:])
+            errors.append(evaluate(apply_user_calibration(inst, cal), p, check=False).iteration_time_s / t - 1)
+    full = fit_user_calibration(cases, names)
+    loo = statistics.median(abs(e) for e in errors) if errors else None
+    return UserCalibration(full.compute_scale, full.network_scale, full.iteration_overhead_s, names, loo), errors
+
+
+def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int = 4) -> list[dict]:
+    """For every source with >= `min_runs` runs: calibrate on `shots` of them (the fastest and the slowest
+    measured, which span the source's range) on top of the cross-validated model, predict the others."""
+    out = []
+    for family in sorted({p.family for p in predictions}):
+        items = sorted((p for p in predictions if p.family == family), key=lambda p: p.run.measured_iter_s)
+        if len(items) < min_runs:
+            continue
+        chosen = [items[0], items[-1]][:shots]
+        rest = [p for p in items if p not in chosen]
+        cal = fit_user_calibration([(p.instance, p.run.placement, p.run.measured_iter_s) for p in chosen])
+        after = [evaluate(apply_user_calibration(p.instance, cal), p.run.placement, check=False).iteration_time_s
+                 for p in rest]
+        errors = [a / p.run.measured_iter_s - 1 for a, p in zip(after, rest)]
+        out.append({"source": family, "predicted_runs": len(rest), "calibrated_on": [p.run.row for p in chosen],
+                    "median_abs_error_before": statistics.median(abs(p.error) for p in rest),
+                    "median_abs_error_after": statistics.median(abs(e) for e in errors),
+                    "spearman_after": spearman(after, [p.run.measured_iter_s for p in rest]) if len(rest) >= 4
+                    else None, "knobs": cal.to_dict()})
+    return out

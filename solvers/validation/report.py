@@ -1,0 +1,65 @@
+"""Printed tables of `solve validate`: the cross-validated accuracy per source, pooled, per sweep group, memory
+and out-of-memory calls, and the few-shot table."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _pct(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:+.1f} %" if signed else f"{100 * value:.1f} %"
+
+
+def _table(title: str, columns: list[str]) -> Table:
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(escape(name), justify="left" if name in ("source", "group", "model") else "right",
+                         overflow="fold")
+    return table
+
+
+def print_summary(summary: dict, mode: str, console: Console) -> None:
+    """`mode` says how the parameters were fitted (leave-one-source-out or in-sample)."""
+    table = _table(f"iteration time, {mode}: predicted / measured - 1",
+                   ["source", "runs", "median signed", "median |error|", "worst row", "worst error"])
+    for source, st in summary["sources"].items():
+        if st["runs"]:
+            table.add_row(source, str(st["runs"]), _pct(st["median_error"], True), _pct(st["median_abs_error"]),
+                          f"{st['worst_row']} ({st['worst_model']})", _pct(st["worst_error"], True))
+    pooled = summary["pooled"]
+    if pooled["runs"]:
+        table.add_row("pooled", str(pooled["runs"]), _pct(pooled["median_error"], True),
+                      _pct(pooled["median_abs_error"]), str(pooled["worst_row"]), _pct(pooled["worst_error"], True),
+                      style="bold")
+    console.print(table)
+    if summary["sweep_groups"]:
+        groups = _table("rank correlation inside measured sweeps (same model, GPU, GPU count, sequence, batch)",
+                        ["group", "runs", "Spearman"])
+        for g in summary["sweep_groups"]:
+            groups.add_row(" ".join(str(x) for x in g["group"]), str(g["runs"]),
+                           "-" if g["spearman"] is None else f"{g['spearman']:.2f}")
+        console.print(groups)
+    memory = summary["memory"]
+    if memory["rows"]:
+        console.print(f"peak memory where measured: {len(memory['rows'])} runs, median |error| "
+                      f"{_pct(memory['median_abs_error'])}, median signed {_pct(memory['median_error'], True)} "
+                      f"(GiB; measured figures converted from GB)")
+    for oom in summary["measured_oom"]:
+        verdict = "predicted to FIT (a miss)" if oom["predicted_to_fit"] else "predicted out of memory (right)"
+        console.print(f"row {oom['row']} ({oom['family']}) measured out of memory: {oom['predicted_gib']:.1f} GiB "
+                      f"predicted against {oom['capacity_gib']:.1f} GiB, {verdict}")
+
+
+def print_few_shot(rows: list[dict], console: Console) -> None:
+    table = _table("few-shot: calibrate on 2 runs of a source, predict the rest",
+                   ["source", "runs", "calibrated on", "median |error| before", "median |error| after",
+                    "Spearman after"])
+    for r in rows:
+        table.add_row(r["source"], str(r["predicted_runs"]), ", ".join(str(x) for x in r["calibrated_on"]),
+                      _pct(r["median_abs_error_before"]), _pct(r["median_abs_error_after"]),
+                      "-" if r["spearman_after"] is None else f"{r['spearman_after']:.2f}")
+    console.print(table)

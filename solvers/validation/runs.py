@@ -1,0 +1,233 @@
+"""Measured training runs (the format of the packaged formulation/data/reference/published_runs.csv) as instances + placements.
+
+Defaults for blank cells (documented in docs/validation.md):
+- kv_heads blank: multi-head attention (kv_heads = heads). MLP: GELU with 2 matrices when ffn = 4 x hidden
+  (GPT, MPT, Nemotron's squared ReLU), SwiGLU otherwise. GPT-style runs (GELU) carry dropout.
+- cp, vp, mbs blank: 1. recompute blank: none. zero blank: 1 (Megatron distributed optimizer) for
+  Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
+- Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
+  README and Korthikanti's baselines without sequence parallelism.
+- TP communication overlap: on where the notes say `--tp-comm-overlap`.
+- Software stack: `fsdp` where the notes say PyTorch FSDP (llm-foundry), else `megatron`.
+Measured iteration time: `iter_s`; else global batch x seq / (tokens/s per GPU x GPUs); else from TFLOP/s
+per GPU with the source's own FLOP formula (SC21: 96 B s l h^2 (1 + s/6h + V/16lh); Megatron-Core README:
+Megatron-LM's `num_floating_point_operations`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from formulation.data import REFERENCE_DIR
+from formulation.inputs.instance import Instance, instance_from_dict
+from formulation.placement import Placement, even_split
+
+DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
+DEFAULT_TORCHTITAN = REFERENCE_DIR / "published_runs_torchtitan.csv"
+DEFAULT_MEMORY = REFERENCE_DIR / "published_memory.csv"
+# `solve validate` with no --runs scores all of these.
+DEFAULT_RUN_FILES = (DEFAULT_RUNS, DEFAULT_TORCHTITAN)
+
+# A source is one paper, repository or document (they share hardware, software and authors): rows of one
+# source are held out together. First matching substring of the `source` column wins. NeMo's performance
+# summary and its long-sequence page are separate sources (different pages, containers, precision and
+# context-parallel sweeps); the Megatron-LM README 2024 tables (model table, strong scaling) are one source.
+SOURCE_KEYS = (
+    ("SC21", "megatron-sc21"),
+    ("Korthikanti", "korthikanti-2022"),
+    ("Sept 2020", "megatron-readme-2020"),
+    ("Megatron-LM README", "megatron-readme-2024"),
+    ("examples/llama", "megatron-llama-fp8"),
+    ("dgxc-benchmarking", "dgxc-benchmarking"),
+    ("performance_long_sequence", "nemo-long-sequence"),
+    ("performance_summary", "nemo-perf-summary"),
+    ("llm-foundry", "llm-foundry"),
+    ("torchtitan", "torchtitan"),
+)
+# Software stack per source when the row has no `software_stack` cell (the default stack otherwise).
+SOURCE_STACKS = {"llm-foundry": "fsdp", "torchtitan": "torchtitan"}
+# Stacks named in runs files that this model version does not implement yet: scored with the nearest one.
+STACK_FALLBACK = {"torchtitan": "fsdp", "megatron-deepspeed": "megatron"}
+_warned_stacks: set[str] = set()
+
+
+def source_key(source: str) -> str:
+    """Short key of a row's source; unknown sources: the text before the first '(' (or the whole text)."""
+    for needle, key in SOURCE_KEYS:
+        if needle in source:
+            return key
+    return source.split("(")[0].strip() or source.strip()
+
+
+def software_stack_of(row: dict) -> str:
+    """The row's stack: its `software_stack` cell, else its source's, else FSDP if the notes say so, else megatron."""
+    stack = (row.get("software_stack") or "").strip() or SOURCE_STACKS.get(source_key(row["source"]), "")
+    if not stack:
+        stack = "fsdp" if "FSDP" in row.get("notes", "") else "megatron"
+    if stack not in SOFTWARE_STACKS:
+        fallback = STACK_FALLBACK.get(stack, "megatron")
+        if stack not in _warned_stacks:
+            _warned_stacks.add(stack)
+            print(f"warning: software stack {stack!r} is not modelled yet; scored as {fallback!r}", file=sys.stderr)
+        stack = fallback
+    return stack
+
+
+@dataclass
+class Run:
+    row: int
+    name: str
+    source: str
+    gpu_type: str
+    instance: Instance | None
+    placement: Placement | None
+    measured_iter_s: float | None
+    measured_how: str
+    measured_peak_memory_gb: float | None
+    measured_oom: bool
+    skipped_reason: str | None = None
+    file: str = ""  # name of the runs file the row came from (row numbers restart per file)
+
+    @property
+    def source_key(self) -> str:
+        return source_key(self.source)
+
+    @property
+    def label(self) -> str:
+        """Row id unique across files: `row` for published_runs.csv, `file:row` otherwise."""
+        return str(self.row) if self.file in ("", DEFAULT_RUNS.name) else f"{Path(self.file).stem}:{self.row}"
+
+    @property
+    def group(self) -> tuple:
+        """A sweep group: same model, GPU type, GPU count, sequence length and global batch."""
+        if self.instance is None:
+            return (self.name,)
+        return (self.instance.model.name, self.gpu_type, self.placement.world_size if self.placement else 0,
+                self.instance.training.seq_length, self.instance.training.global_batch_size)
+
+
+def _int(value: str, default: int | None = None) -> int | None:
+    value = (value or "").strip()
+    return int(float(value)) if value else default
+
+
+def _float(value: str) -> float | None:
+    value = (value or "").strip()
+    if not value or value.upper() == "OOM":
+        return None
+    return float(value)
+
+
+def _is_old_megatron(source: str) -> bool:
+    return any(tag in source for tag in ("SC21", "Sept 2020", "Korthikanti"))
+
+
+def sc21_flops(r: dict) -> float:
+    """SC21's count (includes the recompute forward): 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    B, s, l, h, V = (float(r[k]) for k in ("gbs", "seq", "layers", "hidden", "vocab"))
+    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def run_from_row(index: int, r: dict) -> Run:
+    name = r["model"].strip()
+    gpu_type = r["gpu_type"].strip()
+    source = r["source"]
+    mem_text = (r.get("measured_peak_memory_gb") or "").strip()
+    base = dict(row=index, name=name, source=source, gpu_type=gpu_type, instance=None, placement=None,
+                measured_iter_s=None, measured_how="", measured_peak_memory_gb=_float(mem_text),
+                measured_oom=mem_text.upper() == "OOM")
+
+    def skip(reason: str) -> Run:
+        return Run(**base, skipped_reason=reason)
+
+    precision = (r.get("precision") or "").strip().lower()
+    if precision not in ("bf16", "fp16", "fp8"):
+        return skip(f"precision {precision or 'unknown'} is not modelled yet (bf16, fp16 and fp8 are)")
+    if _int(r["ep"], 1) > 1:
+        return skip("mixture-of-experts (ep > 1) is not modelled yet")
+    if not r["tp"].strip() or not r["pp"].strip():
+        return skip("parallel configuration (tp, pp) not published")
+    tp, pp, dp = _int(r["tp"]), _int(r["pp"]), _int(r["dp"], 1)
+    cp, vpp, mbs = _int(r["cp"], 1), _int(r["vp"], 1), _int(r["mbs"], 1)
+    n_gpus, gbs, seq = _int(r["n_gpus"]), _int(r["gbs"]), _int(r["seq"])
+    if tp * pp * cp * dp != n_gpus:
+        return skip(f"tp x pp x cp x dp = {tp * pp * cp * dp} differs from n_gpus = {n_gpus}")
+    hidden, heads, ffn = _int(r["hidden"]), _int(r["heads"]), _int(r["ffn"])
+    kv = _int(r["kv_heads"], heads)
+    gelu = ffn == 4 * hidden
+    old = _is_old_megatron(source)
+    recompute_text = (r["recompute"] or "").strip()
+    recompute = recompute_text.split("+")[0] if recompute_text else "none"
+    sequence_parallel = not old or "sequence-parallel" in recompute_text
+    zero = _int(r["zero"], 0 if old else 1)
+    model = {"name": name, "num_hidden_layers": _int(r["layers"]), "hidden_size": hidden, "intermediate_size": ffn,
+             "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": _int(r["vocab"]),
+             "hidden_act": "gelu" if gelu else "silu", "dropout": gelu and old}
+    per_node = _int(r["gpus_per_node"], 8)
+    nodes = max(1, math.ceil(n_gpus / per_node))
+    data = {
+        "name": f"row{index}", "description": name, "model": model,
+        "training": {"global_batch_size": gbs, "seq_length": seq, "precision": precision,
+                     "recompute": [recompute], "zero_stage": [zero], "max_micro_batch_size": mbs,
+                     "context_parallel_sizes": [cp], "virtual_pipeline_sizes": [vpp],
+                     "flash_attention": not old, "sequence_parallel": sequence_parallel,
+                     "tp_comm_overlap": "tp-comm-overlap" in r["notes"], "memory_limit_fraction": 1.0,
+                     "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
+                     "torch_compile": "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"]},
+        "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
+                    "nodes": [{"count": nodes, "prefix": "n", "gpu_type": gpu_type, "gpus": min(per_node, n_gpus)}],
+                    "network": {"intra_node_gb_per_s": float(r["intra_node_gb_per_s"]),
+                                "inter_node_gb_per_s": float(r["inter_node_gb_per_s"])}},
+    }
+    try:
+        instance = instance_from_dict(data, f"runs row {index}")
+    except ValueError as exc:
+        return skip(f"cannot build the model: {exc}")
+    layers = instance.model.num_layers
+    placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
+                          zero_stage=zero, layers_per_stage=even_split(layers, pp), gpus=tuple(range(n_gpus)))
+    if vpp > 1 and any(n % vpp for n in placement.layers_per_stage):
+        return skip(f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly")
+    if gbs % (mbs * dp):
+        return skip(f"global batch {gbs} not divisible by micro-batch {mbs} x dp {dp}")
+    measured, how = _measured_time(r, instance, n_gpus)
+    if measured is None:  # kept whole: a run that measured out-of-memory is still scored on memory
+        return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
+    return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
+                  "measured_how": how})
+
+
+def _measured_time(r: dict, instance: Instance, n_gpus: int) -> tuple[float | None, str]:
+    if _float(r["iter_s"]):
+        return float(r["iter_s"]), "iter_s"
+    tokens = instance.training.global_batch_size * instance.training.seq_length
+    if _float(r["tokens_per_s_per_gpu"]):
+        return tokens / (float(r["tokens_per_s_per_gpu"]) * n_gpus), "from tokens/s"
+    tflops = _float(r["tflops_per_gpu"])
+    if tflops:
+        if "SC21" in r["source"]:
+            return sc21_flops(r) / (tflops * 1e12 * n_gpus), "from TFLOP/s (SC21 formula)"
+        flops = instance.model.megatron_model_flops(instance.training.global_batch_size, instance.training.seq_length)
+        return flops / (tflops * 1e12 * n_gpus), "from TFLOP/s (Megatron-LM formula)"
+    return None, "no measured time, tokens/s or TFLOP/s"
+
+
+def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        runs = [run_from_row(i, row) for i, row in enumerate(csv.DictReader(handle))]
+    for run in runs:
+        run.file = Path(path).name
+    return runs
+
+
+def load_run_files(paths=DEFAULT_RUN_FILES) -> list[Run]:
+    return [run for path in paths for run in load_runs(path)]
+
+
+def is_test_row(row: int) -> bool:
+    """The held-out split: every third row (row % 3 == 0) is never used for fitting."""
+    return row % 3 == 0

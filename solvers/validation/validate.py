@@ -1,0 +1,432 @@
+"""`solve validate` (predicted vs measured runs and memory) and `solve calibrate` (fit efficiencies).
+
+    solve validate [--runs FILE.csv] [--in-sample] [--few-shot] [--calibration CAL.json] [--rows] [--json]
+                   [--write-intervals]
+    solve calibrate --runs MINE.csv --output CAL.json    (three knobs fitted on your own runs)
+    solve calibrate [--write]                             (the packaged per-chip efficiencies)
+
+By default `validate` is leave-one-source-out: each source (paper, repository or document) is predicted with
+parameters fitted on the other sources only. Minimal columns of a runs CSV: docs/validation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from formulation.errors import InputError
+from formulation.evaluate import evaluate
+from formulation.inputs.instance import instance_from_dict
+from formulation.physics.memory import GIB
+from formulation.placement import Placement, even_split
+
+from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
+from formulation.intervals import INTERVALS_PATH
+from solvers.outputs.files import write_json_atomic
+from solvers.validation import crossval, fewshot
+from solvers.validation.calibrate import EXCLUDED, chip_of
+from solvers.validation.crossval import spearman
+from solvers.validation.report import print_few_shot, print_summary
+from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs
+
+GB = 1e9
+
+
+def validate_runs(path: Path) -> dict:
+    rows, groups = [], {}
+    for run in load_runs(path):
+        item = {"row": run.row, "model": run.name, "gpu_type": run.gpu_type, "predicted_iter_s": None,
+                "measured_iter_s": run.measured_iter_s, "measured_how": run.measured_how, "relative_error": None,
+                "predicted_peak_memory_gb": None, "predicted_oom": None, "measured_oom": run.measured_oom,
+                "measured_peak_memory_gb": run.measured_peak_memory_gb, "skipped_reason": run.skipped_reason,
+                "split": "test" if is_test_row(run.row) else "fit"}
+        if run.skipped_reason is None and excluded_reason(run):
+            item["skipped_reason"] = f"excluded: {excluded_reason(run)}"
+        if run.skipped_reason is None:
+            est = evaluate(run.instance, run.placement, check=False)
+            capacity = min(m.memory.capacity_gib for m in est.stages)
+            item.update(predicted_iter_s=est.iteration_time_s,
+                        relative_error=est.iteration_time_s / run.measured_iter_s - 1 if run.measured_iter_s else None,
+                        predicted_peak_memory_gb=est.peak_memory_gib * GIB / GB,
+                        predicted_oom=est.peak_memory_gib > capacity,
+                        calibrated=chip_of(run.gpu_type) is not None)
+            if item["skipped_reason"] is None:
+                groups.setdefault(run.group, []).append(item)
+        rows.append(item)
+    return {"rows": rows, "summary": _summary(rows, groups)}
+
+
+def _summary(rows: list[dict], groups: dict) -> dict:
+    def stats(items):
+        items = [r for r in items if r["relative_error"] is not None]
+        errs = [abs(r["relative_error"]) for r in items]
+        if not errs:
+            return {"count": 0}
+        worst = max(items, key=lambda r: abs(r["relative_error"]))
+        return {"count": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
+                "worst_row": worst["row"]}
+    scored = [r for r in rows if r["skipped_reason"] is None]
+    timed = [r for r in scored if r["relative_error"] is not None]
+    calibrated = [r for r in scored if r.get("calibrated")]
+    confusion = {"predicted_oom_and_oom": 0, "predicted_oom_but_ran": 0, "predicted_fit_but_oom": 0,
+                 "predicted_fit_and_ran": 0}
+    for r in scored:
+        key = ("predicted_oom" if r["predicted_oom"] else "predicted_fit") + (
+            "_and_oom" if r["measured_oom"] and r["predicted_oom"] else "_but_oom" if r["measured_oom"]
+            else "_but_ran" if r["predicted_oom"] else "_and_ran")
+        confusion[key] += 1
+    group_rank = [{"group": list(k), "runs": len(v),
+                   "spearman": spearman([r["predicted_iter_s"] for r in v], [r["measured_iter_s"] for r in v])}
+                  for k, v in groups.items() if len(v) >= 2]
+    mem = [abs(r["predicted_peak_memory_gb"] / r["measured_peak_memory_gb"] - 1) for r in scored
+           if r["measured_peak_memory_gb"]]
+    return {
+        "held_out": stats([r for r in calibrated if r["split"] == "test"]),
+        "calibration_split": stats([r for r in calibrated if r["split"] == "fit"]),
+        "all_scored": stats(scored),
+        "uncalibrated_gpu_types": sorted({r["gpu_type"] for r in scored if not r.get("calibrated")}),
+        "skipped": sum(1 for r in rows if r["skipped_reason"]),
+        "spearman_all": spearman([r["predicted_iter_s"] for r in scored], [r["measured_iter_s"] for r in scored]),
+        "groups": group_rank,
+        "memory_abs_error_median": statistics.median(mem) if mem else None,
+        "oom_confusion": confusion,
+        "split": "held out: rows with row % 3 == 0; fitted on the others",
+    }
+
+
+def validate_memory(path: Path = DEFAULT_MEMORY) -> list[dict]:
+    """Korthikanti et al. Fig. 1 components against the memory model, first pipeline stage.
+
+    The published weights+grads+optimizer figures equal 18 bytes per parameter (2 + 4 + 12, our bf16 /
+    fp32-main-grad accounting); the runs predate flash attention and carry dropout (GPT-style).
+    """
+    out = []
+    with open(path, newline="", encoding="utf-8") as handle:
+        for i, r in enumerate(csv.DictReader(handle)):
+            layers, hidden, heads = int(r["layers"]), int(r["hidden"]), int(r["heads"])
+            tp, pp, dp, vp, mbs = (int(r[k]) for k in ("tp", "pp", "dp", "vp", "mbs"))
+            m = 8 * pp  # enough micro-batches that every stage holds its full 1F1B/interleaved window
+            data = {
+                "name": f"memory row {i}",
+                "model": {"name": r["model"], "num_hidden_layers": layers, "hidden_size": hidden,
+                          "intermediate_size": 4 * hidden, "num_attention_heads": heads, "vocab_size": int(r["vocab"]),
+                          "hidden_act": "gelu", "dropout": True},
+                "training": {"global_batch_size": m * mbs * dp, "seq_length": int(r["seq"]), "precision": "bf16",
+                             "flash_attention": False, "sequence_parallel": r["sequence_parallel"] == "true",
+                             "recompute": [r["recompute"]], "zero_stage": [0]},
+                "cluster": {"gpu_types": {"a100-sxm-80gb": {}},
+                            "nodes": [{"count": math.ceil(tp * pp * dp / 8), "gpu_type": "a100-sxm-80gb", "gpus": 8}],
+                            "network": {"intra_node_gb_per_s": 300, "inter_node_gb_per_s": 25}},
+            }
+            inst = instance_from_dict(data, str(path))
+            if layers % (pp * vp):
+                split = even_split(layers, pp)
+            else:
+                split = tuple([layers // pp] * pp)
+            p = Placement(tp=tp, pp=pp, cp=1, dp=dp, vpp=vp, micro_batch_size=mbs, recompute=r["recompute"],
+                          zero_stage=0, layers_per_stage=split, gpus=tuple(range(tp * pp * dp)))
+            stage = evaluate(inst, p).stages[0].memory
+            predicted = (stage.weights_gib + stage.gradients_gib + stage.optimizer_gib
+                         if r["component"].startswith("weights") else stage.activations_gib)
+            published = float(r["gib"])
+            out.append({"row": i, "model": r["model"], "component": r["component"], "recompute": r["recompute"],
+                        "published_gib": published, "predicted_gib": predicted,
+                        "relative_error": predicted / published - 1})
+    return out
+
+
+def _print(result: dict, memory: list[dict]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 150))
+    table = Table(title="predicted vs measured iteration time")
+    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GiB]",
+                "OOM?"):
+        table.add_column(escape(col), justify="right" if col not in ("model", "how", "GPU") else "left")
+    for r in result["rows"]:
+        if r["skipped_reason"]:
+            continue
+        table.add_row(str(r["row"]), r["model"][:30], r["gpu_type"], r["split"], f"{r['measured_iter_s']:.3f}" if r["measured_iter_s"] else "OOM",
+                      r["measured_how"], f"{r['predicted_iter_s']:.3f}", _pct(r["relative_error"]),
+                      f"{r['predicted_peak_memory_gb'] * GB / GIB:.1f}", "yes" if r["predicted_oom"] else "no",
+                      style="red" if abs(r["relative_error"] or 0) > 0.25 else None)
+    console.print(table)
+    skipped = [r for r in result["rows"] if r["skipped_reason"]]
+    if skipped:
+        reasons = {}
+        for r in skipped:
+            reasons.setdefault(r["skipped_reason"], []).append(r["row"])
+        console.print("[bold]skipped rows[/bold]")
+        for reason, ids in reasons.items():
+            console.print(f"  rows {ids}: {reason}")
+    s = result["summary"]
+    for key in ("held_out", "calibration_split", "all_scored"):
+        st = s[key]
+        if st["count"]:
+            console.print(f"{key}: {st['count']} runs, median |error| {100 * st['median_abs_error']:.1f} %, "
+                          f"max {100 * st['max_abs_error']:.1f} % (row {st['worst_row']})")
+    rho = s["spearman_all"]
+    console.print(f"Spearman (all scored runs): {'n/a' if rho is None else f'{rho:.3f}'}; split: {s['split']}")
+    if s["uncalibrated_gpu_types"]:
+        console.print(f"GPU types with default (uncalibrated) efficiencies: {', '.join(s['uncalibrated_gpu_types'])}")
+    if memory:
+        mt = Table(title="memory per GPU, first stage, vs Korthikanti et al. 2022 Fig. 1 [GiB]")
+        for col in ("model", "component", "recompute", "published", "predicted", "error"):
+            mt.add_column(col)
+        for m in memory:
+            mt.add_row(m["model"], m["component"], m["recompute"], f"{m['published_gib']:.2f}",
+                       f"{m['predicted_gib']:.2f}", f"{100 * m['relative_error']:+.1f} %")
+        console.print(mt)
+
+
+def _plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    result = {"rows": [r for r in result["rows"] if r["relative_error"] is not None or r["skipped_reason"]]}
+    for split, marker in (("fit", "o"), ("test", "s")):
+        pts = [(r["measured_iter_s"], r["predicted_iter_s"]) for r in result["rows"]
+               if not r["skipped_reason"] and r["split"] == split]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, label=f"{'held out' if split == 'test' else 'calibration'} "
+                                                        f"({len(pts)})", alpha=0.75)
+    lo = min(min(r["measured_iter_s"], r["predicted_iter_s"]) for r in result["rows"] if not r["skipped_reason"])
+    hi = max(max(r["measured_iter_s"], r["predicted_iter_s"]) for r in result["rows"] if not r["skipped_reason"])
+    xs = [lo * 0.8, hi * 1.25]
+    ax.plot(xs, xs, "k-", lw=1, label="exact")
+    for f in (0.9, 1.1):
+        ax.plot(xs, [x * f for x in xs], "k:", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="measured iteration time [s]", ylabel="predicted iteration time [s]",
+           title="Predicted vs measured (dotted: +-10 %)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:+.1f} %"
+
+
+def _print_cross(result: dict, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 150))
+    table = Table(title=title)
+    for col in ("source", "runs", "median signed error", "median |error|", "worst row", "worst error",
+                "measured OOM predicted to fit"):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for name, st in [*result["sources"].items(), ("POOLED", result["pooled"])]:
+        table.add_row(name, str(st["runs"]), _pct(st.get("median_signed_error")), _pct(st.get("median_abs_error")),
+                      str(st.get("worst_row", "")), _pct(st.get("worst_error")), str(st["fit_but_measured_oom"]),
+                      style="bold" if name == "POOLED" else None)
+    console.print(table)
+    p = result["pooled"]
+    console.print(f"peak memory (runs that measured it: {p['memory_runs']}): median signed error "
+                  f"{_pct(p['memory_median_signed_error'])}, median |error| {_pct(p['memory_median_abs_error'])}; "
+                  f"predicted OOM but ran: {p['predicted_oom_but_ran']}")
+    groups = result["groups"]
+    if not groups:
+        console.print("Spearman per sweep group: no group (same model, GPU, GPU count, seq, global batch) "
+                      "has >= 4 scored runs")
+    for g in groups:
+        rho = g["spearman"]
+        console.print(f"Spearman {'n/a' if rho is None else f'{rho:+.2f}'} over {g['runs']} runs: {g['group']}")
+
+
+def _print_ablation(table: list[dict]) -> None:
+    for row in table:
+        print(f"{row['term']:40s} median |error| {_pct(row.get('median_abs_error'))}, "
+              f"median signed {_pct(row.get('median_signed_error'))}, memory |error| "
+              f"{_pct(row.get('memory_median_abs_error'))}, measured-OOM predicted to fit {row['fit_but_measured_oom']}")
+
+
+def _validate(args) -> int:
+    from .crossval import ablation, in_sample, stderr_progress
+    from .runs import DEFAULT_RUN_FILES, load_run_files
+
+    files = args.runs or list(DEFAULT_RUN_FILES)
+    runs = load_run_files(files)
+    if args.calibration:
+        from .user_calibration import apply_calibration, load_calibration
+        cal = load_calibration(args.calibration)
+        for run in runs:
+            if run.instance is not None:
+                run.instance = apply_calibration(run.instance, cal)
+    if args.few_shot:
+        from .user_calibration import few_shot
+        _print_few_shot(few_shot(runs, progress=stderr_progress))
+        return 0
+    if args.ablation:
+        _print_ablation(ablation(runs, progress=stderr_progress))
+        return 0
+    if args.in_sample:
+        results = [validate_runs(path) for path in files]
+        memory = validate_memory(args.memory) if args.memory and args.memory.is_file() else []
+        if args.plot:
+            _plot(results[0], args.plot)
+        if args.json:
+            print(json.dumps({"files": [str(f) for f in files], "results": results, "memory": memory}, indent=2,
+                             default=str))
+            return 0
+        for result in results:
+            _print(result, [])
+        _print(results[0] | {"rows": []}, memory) if memory else None
+        _print_cross(in_sample(runs), "in sample: one fit on every source (not a test of new sources)")
+        return 0
+    result = cross_validate(runs, progress=stderr_progress)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        _print_cross(result, "leave-one-source-out: each source predicted by a fit on the others")
+    return 0
+
+
+def _print_few_shot(table: list[dict]) -> None:
+    print(f"{'source':24s} {'calibrated on':34s} {'predicted':>9s} {'median |error|':>15s} {'signed':>9s}  "
+          f"Spearman per sweep group")
+    for t in table:
+        rhos = ", ".join("n/a" if r is None else f"{r:+.2f}" for r in t["spearman_groups"]) or "(no group >= 4)"
+        print(f"{t['source']:24s} {', '.join(t['calibrated_on']):34s} {t['predicted']:9d} "
+              f"{100 * t['median_abs_error']:14.1f}% {100 * t['median_signed_error']:+8.1f}%  {rhos}")
+    if table:
+        pooled = statistics.median(t["median_abs_error"] for t in table)
+        print(f"median over sources of the median |error|: {100 * pooled:.1f} %")
+
+
+def _calibrate_user(args) -> int:
+    from . import write_json_atomic
+    from .runs import load_run_files
+    from .user_calibration import fit_knobs, leave_one_out, summary_lines
+
+    runs = [r for r in load_run_files(args.runs or []) if r.skipped_reason is None]
+    if not args.runs:
+        raise InputError("--runs: expected your measured runs CSV (see docs/validation.md for the columns)")
+    cal = fit_knobs(runs)
+    print("\n".join(summary_lines(cal, leave_one_out(runs), runs)))
+    write_json_atomic(args.output, cal | {"runs_files": [str(p) for p in args.runs]})
+    print(f"written {args.output}; apply with: solve --calibration {args.output} ...")
+    return 0
+
+
+def main(command: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"solve {command}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, default=None, help="measured runs CSV (published_runs format; "
+                        "default: the packaged reference runs, torchtitan's included)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    if command == "validate":
+        parser.add_argument("--in-sample", action="store_true", help="the stored calibration (fitted on every "
+                            "source) instead of leave-one-source-out")
+        parser.add_argument("--rows", action="store_true", help="also the per-row table and the older row %% 3 split")
+        parser.add_argument("--few-shot", action="store_true", help="per source with >= 4 runs: calibrate on 2 of "
+                            "its runs (solve calibrate --output), predict the rest")
+        parser.add_argument("--calibration", type=Path, help="a user calibration (solve calibrate --output) to apply")
+        parser.add_argument("--write-intervals", action="store_true", help="store the cross-source residual "
+                            "quantiles as the prediction interval every estimate carries (package data)")
+        parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
+        parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot (with --rows)")
+    else:
+        parser.add_argument("--output", type=Path, metavar="CAL.json", help="fit the three user knobs (compute "
+                            "scale, network scale, per-iteration overhead) on --runs and write them here")
+        parser.add_argument("--write", action="store_true", help="refit the per-chip efficiencies on the "
+                            "reference runs and rewrite formulation/data/calibration.json")
+    args = parser.parse_args(argv)
+    if args.runs is not None and not args.runs.is_file():
+        print(f"error: {args.runs}: <root>: file not found", file=sys.stderr)
+        return 2
+    try:
+        if command == "calibrate" and args.output:
+            return _calibrate_user(args)
+        if command == "calibrate":
+            return _calibrate(args)
+        return _validate(args)
+    except (InputError, KeyError, ValueError) as exc:
+        print(f"error: {args.runs or 'reference runs'}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _validate(args) -> int:
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 120))
+    runs = crossval.reference_runs() if args.runs is None else load_runs(args.runs)
+    adjust = None
+    if args.calibration:
+        cal = load_user_calibration(args.calibration)
+        adjust = lambda instance: apply_user_calibration(instance, cal)  # noqa: E731
+    # Your own runs file was never part of any fit: the stored calibration predicts it out of sample.
+    in_sample = args.in_sample or args.runs is not None
+    mode = ("stored calibration, fitted on the reference runs" if args.runs is not None else
+            "stored calibration (in-sample)" if args.in_sample else "leave-one-source-out")
+    progress = None if args.json else (lambda k, n, family: print(f"  fold {k}/{n}: {family}", file=sys.stderr))
+    predictions = crossval.cross_validate(runs, in_sample=in_sample, progress=progress, adjust=adjust)
+    summary = crossval.summarize(predictions)
+    few = fewshot.few_shot_table(predictions) if args.few_shot else []
+    if args.write_intervals:
+        path = write_intervals(crossval.log_residuals(predictions), summary, mode)
+        console.print(f"prediction interval written to {path}")
+    rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
+    memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
+    if args.json:
+        print(json.dumps({"mode": mode, "summary": summary, "few_shot": few, "rows": rows, "memory": memory},
+                         indent=2, default=str))
+        return 0
+    if rows:
+        _print(rows, memory)
+        if args.plot:
+            _plot(rows, args.plot)
+    print_summary(summary, mode, console)
+    if few:
+        print_few_shot(few, console)
+    return 0
+
+
+def _calibrate(args) -> int:
+    if args.output is None:  # the packaged efficiencies, refitted on the reference runs
+        from solvers.validation.calibrate import fit, write_calibration
+        fitted = fit(load_runs(args.runs or DEFAULT_RUNS))
+        for key, values in fitted.items():
+            print(f"{key}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items() if k != "fitted_on_rows")
+                  + f" (on {len(values['fitted_on_rows'])} runs)")
+        if args.write:
+            write_calibration(fitted)
+            print("written to formulation/data/calibration.json")
+        return 0
+    if args.runs is None:
+        raise InputError(None, "--runs", "--output fits your own runs: give them with --runs FILE.csv")
+    runs = [r for r in load_runs(args.runs) if r.skipped_reason is None]
+    if len(runs) < 2:
+        raise InputError(str(args.runs), "<rows>", f"at least 2 runs with a measured time are needed, got {len(runs)}")
+    cases = [(r.instance, r.placement, r.measured_iter_s) for r in runs]
+    cal, errors = fewshot.leave_one_out(cases, tuple(r.name for r in runs))
+    write_json_atomic(args.output, cal.to_dict())
+    print(f"fitted on {len(runs)} runs of {args.runs}: compute x{cal.compute_scale:.3f}, network "
+          f"x{cal.network_scale:.3f}, +{cal.iteration_overhead_s:.3f} s per iteration")
+    for r, e in zip(runs, errors):
+        print(f"  leave-one-out: row {r.row} ({r.name}) predicted {100 * e:+.1f} %")
+    if cal.leave_one_out_error is not None:
+        print(f"median |error| predicting each run from the others: {100 * cal.leave_one_out_error:.1f} %")
+    print(f"written to {args.output}; apply with --calibration {args.output}")
+    return 0
+
+
+def write_intervals(residuals: list[float], summary: dict, mode: str) -> Path:
+    """Store the p10/p90 of log(predicted / measured) as the interval every estimate carries."""
+    q = statistics.quantiles(residuals, n=10, method="inclusive")
+    write_json_atomic(INTERVALS_PATH, {
+        "_comment": f"Written by `solve validate --write-intervals` ({mode}, {len(residuals)} runs): quantiles of "
+                    "log(predicted / measured iteration time); formulation/intervals.py turns them into p10-p90.",
+        "log_residual_p10": round(q[0], 6), "log_residual_p90": round(q[-1], 6), "runs": len(residuals),
+        "pooled_median_abs_error": summary["pooled"].get("median_abs_error")})
+    return INTERVALS_PATH

@@ -1,0 +1,99 @@
+"""The backends' statuses: a proof only from a solver status that proves.
+
+A market-split program (Cornuéjols and Dawande, 1999: a few equality rows of random weights over binaries,
+each with a slack pair, minimise the slacks) is tiny to state and notoriously hard for LP-based branch and
+bound: any assignment is feasible, so a solver stopped at its time limit holds an incumbent, and its LP bound
+is far below it. CBC stopped there must say feasible with a bound below its incumbent, never optimal.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+
+from formulation.programs.mip import Program
+from solvers import backends
+from solvers.backends import cbc
+
+AVAILABLE = backends.available()
+needs_cbc = pytest.mark.skipif(not AVAILABLE["cbc"], reason="cbc not installed")
+
+
+def market_split(rows: int = 4, cols: int = 30, seed: int = 0, constant: float = 7.0) -> Program:
+    rng = random.Random(seed)
+    prog = Program()
+    x = [prog.var(f"x{j}", "binary") for j in range(cols)]
+    for i in range(rows):
+        weights = [rng.randint(0, 99) for _ in range(cols)]
+        over, under = prog.var(f"over{i}"), prog.var(f"under{i}")
+        prog.add({**{x[j]: weights[j] for j in range(cols)}, over: 1, under: -1}, "==", sum(weights) // 2, "split")
+        prog.objective[over] = prog.objective[under] = 1
+    prog.objective_constant = constant
+    return prog
+
+
+@needs_cbc
+def test_cbc_stopped_at_its_time_limit_is_feasible_with_its_bound():
+    prog = market_split()
+    out = cbc.solve(prog, time_limit_s=1.0)
+    assert out.status == "feasible", out
+    assert out.values is not None and out.objective_s is not None
+    # the bound is CBC's, shifted by the constant CBC does not see: at least the constant, at most the incumbent
+    assert out.bound_s is not None
+    assert prog.objective_constant * prog.time_unit_s <= out.bound_s <= out.objective_s
+    assert out.bound_s < out.objective_s  # nothing proven: the gap is open
+    # the incumbent is what its values say
+    recomputed = sum(c * out.values[i] for i, c in prog.objective.items()) + prog.objective_constant
+    assert out.objective_s == pytest.approx(recomputed * prog.time_unit_s)
+
+
+@needs_cbc
+def test_cbc_proves_a_small_program_and_says_so():
+    prog = market_split(rows=1, cols=8, seed=3)
+    out = cbc.solve(prog, time_limit_s=60)
+    assert out.status == "optimal"
+    assert out.bound_s == out.objective_s
+
+
+def test_cbc_log_report_is_read():
+    text = ("Result - Stopped on time limit\n\nObjective value:                11.00000000\n"
+            "Lower bound:                    0.500\nGap:                            inf\n")
+    assert cbc.read_log(text) == {"result": "Stopped on time limit", "objective": 11.0, "bound": 0.5}
+    assert cbc.read_log("nothing useful") == {"result": None, "objective": None, "bound": None}
+
+
+@needs_cbc
+def test_cbc_backend_uses_no_deprecated_pulp_api():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert cbc.available()
+        assert cbc.solve(market_split(rows=1, cols=4), time_limit_s=30).status == "optimal"
+
+
+@pytest.mark.skipif(not AVAILABLE["cpsat"], reason="cpsat not installed")
+def test_search_refuses_an_optimum_the_evaluator_does_not_confirm(monkeypatch):
+    """A backend whose objective is not the evaluator's score of its answer proves nothing: the search keeps
+    the plan but not the proof (this is how one-way links once produced a false "optimal")."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from formulation import load_instance
+    from solvers import solve
+    from solvers.backends import cpsat
+
+    real = cpsat.solve
+
+    def mispriced(program, **kwargs):
+        out = real(program, **kwargs)
+        if out.status != "optimal":
+            return out
+        return replace(out, objective_s=out.objective_s * 0.9, bound_s=out.bound_s * 0.9)
+
+    monkeypatch.setattr(cpsat, "solve", mispriced)
+    instance = load_instance(Path(__file__).resolve().parent / "repro" / "false_proof_asym_1x4.json")
+    result = solve(instance, solver="cpsat")
+    assert result.solver.status != "optimal"
+    assert result.solver.bound_s < result.estimate.iteration_time_s * (1 - 1e-6)
+    assert result.estimate.fits

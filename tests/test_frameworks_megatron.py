@@ -1,0 +1,101 @@
+"""The launch self-check against megatron-core itself: its `RankGenerator` and `initialize_model_parallel` (with
+torch.distributed recording `new_group` calls instead of creating communicators) give the same groups as the
+planner's re-derivation, and the plan's launch files realise those real groups."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from formulation import default_placement, load_instance
+from frameworks import initialize_model_parallel_groups, rank_generator_groups
+from solvers.outputs.export import slurm_files, torchrun_script
+from solvers.outputs.launch import (LaunchMismatch, check_groups, megatron_rank_groups, parse_slurm_files,
+                                    parse_torchrun_script, slurm_launch, torchrun_launch)
+
+SHIPPED = sorted((REPO / "instances").glob("*.json"))
+SIZES = (1, 2, 3, 4, 8)
+
+
+def test_rank_generator_equals_the_rederivation_on_every_small_shape():
+    shapes = [s for s in itertools.product(SIZES, repeat=4) if s[0] * s[1] * s[2] * s[3] <= 128]
+    for tp, cp, dp, pp in shapes:
+        assert rank_generator_groups(tp, cp, dp, pp) == megatron_rank_groups(tp, cp, dp, pp), (tp, cp, dp, pp)
+    assert len(shapes) > 300
+
+
+@pytest.mark.parametrize("tp, cp, dp, pp", [(1, 1, 8, 1), (2, 1, 2, 4), (4, 2, 4, 4), (2, 1, 2, 16), (8, 2, 8, 8),
+                                            (3, 2, 4, 2), (8, 1, 16, 8)])
+def test_initialize_model_parallel_creates_the_rederived_groups(tp, cp, dp, pp):
+    real = initialize_model_parallel_groups(tp, cp, dp, pp)
+    assert real == megatron_rank_groups(tp, cp, dp, pp)
+    assert all(real[name] for name in ("tp", "cp", "dp", "dp-cp", "pp"))  # every group kind was recorded
+
+
+def _random_shape(instance, rng: random.Random):
+    """A valid default placement of a random (tp, pp, cp, dp) that uses the whole cluster, or None."""
+    n = instance.cluster.num_gpus
+    per_node = min(node.num_gpus for node in instance.cluster.nodes)
+    for _ in range(200):
+        tp = rng.choice([d for d in (1, 2, 4, 8) if per_node % d == 0])
+        cp = rng.choice((1, 1, 2))
+        pp = rng.choice([d for d in (1, 2, 4, 8, 16) if (n // (tp * cp)) % d == 0 and d <= n // (tp * cp)])
+        try:
+            return default_placement(instance, tp=tp, pp=pp, cp=cp)
+        except Exception:  # noqa: BLE001 - an invalid shape for this model or cluster: draw again
+            continue
+    return None
+
+
+def _node_shuffled(instance, placement, rng: random.Random):
+    """Nodes in a random order, GPUs of each node in a random order: still one rank block per node (torchrun)."""
+    cluster = instance.cluster
+    by_node: dict[int, list[int]] = {}
+    for g in placement.gpus:
+        by_node.setdefault(int(cluster.gpu_node[g]), []).append(int(g))
+    blocks = [by_node[node] for node in by_node]
+    rng.shuffle(blocks)
+    gpus = [g for block in blocks for g in rng.sample(block, len(block))]
+    return dataclasses.replace(placement, gpus=tuple(gpus))
+
+
+def _check_written_routes(instance, placement) -> int:
+    """check_groups with megatron-core's own groups on both launch scripts as written; the routes checked."""
+    hostfile, script = slurm_files(slurm_launch(instance, placement), placement)
+    check_groups(instance, placement, parse_slurm_files(hostfile, script), initialize_model_parallel_groups)
+    torchrun = torchrun_launch(instance, placement)
+    if torchrun is None:
+        return 1
+    check_groups(instance, placement, parse_torchrun_script(torchrun_script(torchrun, placement)),
+                 initialize_model_parallel_groups)
+    return 2
+
+
+def test_solved_h100_plan_realises_megatrons_real_groups(h100, plan):
+    assert _check_written_routes(h100, plan.placement) == 2
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem != "h100_16384"], ids=lambda p: p.stem)
+def test_random_placements_of_shipped_instances_realise_megatrons_real_groups(path: Path):
+    instance = load_instance(path)
+    rng = random.Random(path.stem)
+    base = _random_shape(instance, rng)
+    assert base is not None, f"no valid shape drawn for {path.stem}"
+    shuffled = _node_shuffled(instance, base, rng)
+    assert _check_written_routes(instance, shuffled) == (2 if torchrun_launch(instance, shuffled) else 1)
+    scrambled = dataclasses.replace(base, gpus=tuple(rng.sample(list(base.gpus), base.world_size)))
+    _check_written_routes(instance, scrambled)  # any order: the Slurm route, and torchrun if it happens to fit
+
+
+def test_a_wrong_launch_fails_against_megatrons_real_groups(h100, plan):
+    p = plan.placement
+    wrong = list(p.gpus)
+    wrong[0], wrong[p.tp * p.cp] = wrong[p.tp * p.cp], wrong[0]  # rank 0 and the first rank of the next dp replica
+    launch = slurm_launch(h100, dataclasses.replace(p, gpus=tuple(wrong)))
+    with pytest.raises(LaunchMismatch, match="group of ranks"):
+        check_groups(h100, p, launch, initialize_model_parallel_groups)

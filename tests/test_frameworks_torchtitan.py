@@ -1,0 +1,101 @@
+"""The torchtitan files read by torchtitan itself: torchtitan_args.sh by 0.3.0's ConfigManager (its tyro command
+line), torchtitan-0.2.toml by 0.2.2's (`--job.config_file`), each accepted by that release's ParallelDims at the
+plan's world size, for the solved plans of h100_128 and a100_h100_64."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from formulation import load_instance
+from frameworks import require
+from solvers import solve
+from solvers.outputs.export import export_plan
+from solvers.outputs.torchtitan import torchtitan_run
+
+TORCHTITAN_02 = Path(sys.prefix) / "torchtitan-0.2.2"  # where .ci/run installs 0.2.2 beside 0.3.0
+
+
+@pytest.fixture(scope="module")
+def a100_h100():
+    instance = load_instance(REPO / "instances" / "a100_h100_64.json")
+    return instance, solve(instance)
+
+
+@pytest.fixture(scope="module", params=["h100_128", "a100_h100_64"])
+def exported(request, h100, plan, a100_h100, tmp_path_factory):
+    instance, solved = (h100, plan) if request.param == "h100_128" else a100_h100
+    out = tmp_path_factory.mktemp(request.param)
+    export_plan(instance, solved, out)
+    return instance, solved, out
+
+
+def _written_arguments(out: Path) -> list[str]:
+    """TORCHTITAN_ARGS then TORCHTITAN_SUBCOMMANDS exactly as bash expands the written file."""
+    shell = f'source "{out}/torchtitan_args.sh"; printf "%s\\n" "${{TORCHTITAN_ARGS[@]}}" "${{TORCHTITAN_SUBCOMMANDS[@]}}"'
+    return subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def test_current_torchtitan_parses_the_command_line_and_accepts_the_degrees(exported):
+    instance, solved, out = exported
+    manager = require("torchtitan.config.manager")
+    parallel_dims = require("torchtitan.distributed.parallel_dims")
+    config = manager.ConfigManager().parse_args(_written_arguments(out))
+    run = torchtitan_run(instance, solved, "0.3")
+    p, par = run.placement, config.parallelism
+    dims = parallel_dims.ParallelDims.from_config(par, world_size=p.world_size)
+    assert (dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp, dims.pp) == (
+        run.replicate_degree, run.shard_degree, p.cp, p.tp, p.pp)
+    training = config.training
+    assert training.seq_len == instance.training.seq_length
+    assert training.global_batch_size == instance.training.global_batch_size
+    assert training.global_batch_size % (training.local_batch_size * dims.dp_replicate * dims.dp_shard) == 0
+    if p.pp > 1:
+        assert par.pipeline_parallel_microbatch_size == p.micro_batch_size
+        parts = par.module_fqns_per_model_part
+        assert len(parts) == p.pp * p.vpp and parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+        layers = [int(name.split(".")[1]) for part in parts for name in part if name.startswith("layers.")]
+        assert layers == list(range(instance.model.num_layers))
+    expected_ac = {"none": "NoneType", "selective": "SelectiveAC", "full": "FullAC"}[p.recompute]
+    assert expected_ac in type(config.activation_checkpoint).__qualname__
+
+
+_PARSE_02 = """
+import json, sys
+from torchtitan.config import ConfigManager
+from torchtitan.distributed import ParallelDims
+c = ConfigManager().parse_args(["--job.config_file", sys.argv[1]])
+p = c.parallelism
+d = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                 cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                 ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=int(sys.argv[2]))
+import torchtitan
+print(json.dumps({"file": torchtitan.__file__, "dims": [d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp],
+                  "parts": p.module_fqns_per_model_part, "reshard": p.fsdp_reshard_after_forward,
+                  "ac": c.activation_checkpoint.mode, "local": c.training.local_batch_size}))
+"""
+
+
+def test_torchtitan_02_reads_the_toml_and_accepts_the_degrees(exported):
+    instance, solved, out = exported
+    if not (TORCHTITAN_02 / "torchtitan").is_dir():
+        require("torchtitan_0_2_2_beside_the_venv")  # skips, or fails under LLM_PLANNER_REQUIRE_FRAMEWORKS=1
+    run = torchtitan_run(instance, solved, "0.2")
+    p = run.placement
+    result = subprocess.run([sys.executable, "-c", _PARSE_02, str(out / "torchtitan-0.2.toml"), str(p.world_size)],
+                            capture_output=True, text=True, env={"PYTHONPATH": str(TORCHTITAN_02), "PATH": ""},
+                            cwd=out, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    read = json.loads(result.stdout.splitlines()[-1])
+    assert read["file"].startswith(str(TORCHTITAN_02))  # 0.2.2 answered, not the 0.3.0 of site-packages
+    assert read["dims"] == [run.replicate_degree, run.shard_degree, p.cp, p.tp, p.pp]
+    assert read["ac"] == p.recompute
+    # 0.2.x runs replicate only without tp and pp ('DDP has not supported > 1D parallelism')
+    assert run.replicate_degree == 1 or (p.tp == 1 and p.pp == 1)
+    if p.pp > 1:
+        assert len(read["parts"]) == p.pp * p.vpp

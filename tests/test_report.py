@@ -1,0 +1,52 @@
+"""Printed tables stay readable in an ordinary terminal: no number is cut, no line is wider than the screen."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from conftest import H100_128, build_instance, small_instance_dict
+from formulation import default_placement, evaluate, load_instance
+from solvers.outputs.report import estimate_tables, gpu_grid_table, print_tables
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_tables_fit_the_terminal_and_keep_every_number(width):
+    instance = load_instance(H100_128)
+    placement = default_placement(instance, tp=4, pp=4, cp=2, vpp=5, micro_batch_size=1, recompute="none",
+                                  zero_stage=1)
+    estimate = evaluate(instance, placement)
+    out = io.StringIO()
+    print_tables(estimate_tables(instance, placement, estimate) + [gpu_grid_table(instance, placement)],
+                 Console(file=out, width=width, color_system=None))
+    text = out.getvalue()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    cells = " ".join(text.split())
+    for stage in estimate.stages:  # every memory figure is printed whole
+        for value in (stage.memory.total_gib, stage.memory.limit_gib, stage.memory.activations_gib):
+            assert f" {value:.1f} " in cells
+        assert re.search(rf"\b{1e3 * stage.dp_sync_s:.1f}\b", cells)
+    assert f"{estimate.iteration_time_s:.3f}" in cells
+
+
+def test_an_mfu_above_every_published_run_is_flagged():
+    data = small_instance_dict(1, 8, global_batch_size=64, seq_length=4096)
+    data["model"] = {"preset": "llama3-8b"}
+    plain = build_instance(data)
+    data["cluster"]["gpu_types"]["h100-sxm-80gb"].update(matmul_efficiency=1.0, attention_efficiency=1.0,
+                                                           efficiency_half_gflop=0.001)
+    boosted = build_instance(data)
+    texts = []
+    for instance in (plain, boosted):
+        placement = default_placement(instance, tp=1, pp=1, micro_batch_size=1, recompute="full", zero_stage=1)
+        estimate = evaluate(instance, placement)
+        out = io.StringIO()
+        print_tables(estimate_tables(instance, placement, estimate), Console(file=out, width=200, color_system=None))
+        texts.append((estimate.mfu, " ".join(out.getvalue().split())))
+    (plain_mfu, plain_text), (boosted_mfu, boosted_text) = texts
+    assert plain_mfu < 0.59 and "treat as optimistic" not in plain_text
+    assert boosted_mfu > 0.6 and "above the highest MFU published" in boosted_text

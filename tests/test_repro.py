@@ -1,0 +1,75 @@
+"""Reproductions found by an independent brute force and a local search (tests/repro/): a false "optimal" with
+one-way GPU-pair bandwidths, CBC's optimal above the true minimum, and a NaN in the bounds. Each `*_better.json`
+is a placement that beat the planner once: the plan must now be at least as good, and a claimed proof must
+not be beaten by it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from formulation import evaluate, load_instance
+from formulation.placement import load_placement
+from solvers import backends, solve
+
+REPRO = Path(__file__).resolve().parent / "repro"
+AVAILABLE = backends.available()
+
+
+def _solver_params(slow_cbc: bool = False):
+    """auto, cbc and cpsat; a backend that is not installed is skipped; CBC marked slow where it takes a minute."""
+    out = [pytest.param("auto")]
+    for name, ok in AVAILABLE.items():
+        marks = [pytest.mark.skipif(not ok, reason=f"{name} not installed")]
+        if name == "cbc" and slow_cbc:
+            marks.append(pytest.mark.slow)
+        out.append(pytest.param(name, marks=marks))
+    return out
+
+
+def _check(name: str, solver: str, time_limit: float | None = None) -> None:
+    instance = load_instance(REPRO / f"{name}.json")
+    better = evaluate(instance, load_placement(REPRO / f"{name}_better.json", instance))
+    assert better.fits
+    result = solve(instance, solver=solver, time_limit=time_limit)
+    ours = result.estimate.iteration_time_s
+    assert result.estimate.fits
+    assert ours <= better.iteration_time_s * (1 + 1e-9), (ours, better.iteration_time_s)
+    assert result.solver.bound_s <= ours * (1 + 1e-9)
+    if result.solver.status == "optimal":  # a proof covers every placement, the better one included
+        assert result.solver.bound_s <= better.iteration_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("solver", _solver_params())
+def test_one_way_pair_is_no_false_proof(solver):
+    _check("false_proof_asym_1x4", solver)
+
+
+@pytest.mark.parametrize("solver", _solver_params(slow_cbc=True))
+def test_cbc_optimum_is_the_true_minimum(solver):
+    _check("cbc_false_optimal_8gpu", solver)
+
+
+@pytest.mark.parametrize("solver", _solver_params())
+def test_zero3_on_uneven_split_nodes_plans_without_nan(solver):
+    """2 x 3 GPUs, zero_stage 3: tp groups cannot lie inside nodes for every configuration (3 GPUs hold one
+    tp group of 2), which the bound once turned into INF / INF."""
+    instance = load_instance(REPRO / "crash_zero3_nan_2x3.json")
+    result = solve(instance, solver=solver)
+    assert result.estimate.fits
+    assert result.solver.status == "optimal"
+    assert result.solver.bound_s <= result.estimate.iteration_time_s * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_irregular_8x8_claims_no_proof_it_lacks():
+    """64 GPUs on an irregular network: beyond the exact program, so the status must not be optimal unless the
+    bound meets the plan, and the bound must stay below the better placement found by local search."""
+    instance = load_instance(REPRO / "irregular_8x8.json")
+    better = evaluate(instance, load_placement(REPRO / "irregular_8x8_better.json", instance))
+    result = solve(instance, time_limit=20)
+    assert result.solver.bound_s <= better.iteration_time_s * (1 + 1e-9)
+    if result.solver.status == "optimal":
+        assert result.estimate.iteration_time_s <= better.iteration_time_s * (1 + 1e-9)

@@ -1,0 +1,22 @@
+"""The configuration space does not grow with limits that cannot bind: a micro-batch divides the replica's batch."""
+
+from __future__ import annotations
+
+from conftest import build_instance, small_instance_dict
+from formulation.space import divisors, configurations
+
+
+def test_divisors_in_order_without_scanning_up_to_n():
+    assert divisors(1) == [1]
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(97) == [1, 97]
+    big = 2**40 * 3
+    assert divisors(big)[-1] == big and len(divisors(big)) == 41 * 2
+
+
+def test_a_huge_micro_batch_limit_gives_the_space_of_the_batch_itself():
+    capped = small_instance_dict(2, 4, global_batch_size=16)
+    capped["training"]["max_micro_batch_size"] = 16
+    huge = small_instance_dict(2, 4, global_batch_size=16)
+    huge["training"]["max_micro_batch_size"] = 10**300
+    assert list(configurations(build_instance(huge))) == list(configurations(build_instance(capped)))
