@@ -80,8 +80,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibration", metavar="CAL.json", help="your cluster's knobs, fitted on your own runs "
                         "by 'solve calibrate --runs MINE.csv --output CAL.json' (compute, network, overhead)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
-    parser.add_argument("--calibration", metavar="CAL.json", help="apply a few-shot calibration written by "
-                                                                 "'solve calibrate --output' (compute, network, overhead)")
     return parser
 
 

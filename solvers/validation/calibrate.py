@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import minimize
 
 from formulation.inputs.cluster import CALIBRATION_PATH, CATALOG_PATH
 from formulation.evaluate import evaluate
@@ -72,14 +72,8 @@ def log_errors(runs: list[Run], params: dict) -> np.ndarray:
                               / r.measured_iter_s) for r in runs])
 
 
-def excluded_reason(run: Run) -> str | None:
-    """Why a reference row is neither fitted nor scored (row numbers of published_runs.csv only)."""
-    return EXCLUDED.get(run.row) if run.file in ("", DEFAULT_RUNS.name) else None
-
-
 def usable(runs: list[Run]) -> list[Run]:
-    return [r for r in runs if r.skipped_reason is None and r.measured_iter_s is not None
-            and excluded_reason(r) is None and chip_of(r.gpu_type)]
+    return [r for r in runs if r.skipped_reason is None and r.row not in EXCLUDED and chip_of(r.gpu_type)]
 
 
 def calibration_key(run: Run) -> str:
@@ -88,36 +82,15 @@ def calibration_key(run: Run) -> str:
     return chip if stack == "megatron" else f"{chip}+{stack}"
 
 
-X0 = np.array([math.log(0.75 / 0.25), math.log(20.0), math.log(0.45 / 0.55)])
-
-
-def fit_rows(rows: list[Run], x0: np.ndarray = X0) -> dict:
-    """Parameters minimising the squared log error of iteration time on `rows` (one chip and stack).
-
-    Least squares (trust region, finite differences): about ten Jacobians of 4 evaluations each, where the
-    earlier Nelder-Mead took hundreds of evaluations; fast enough for one fit per cross-validation fold.
-    """
-    # Few rows cannot pin three parameters: then fit the GEMM efficiency alone, the rest stay at x0.
-    free = len(x0) if len(rows) >= MIN_ROWS_FULL_FIT else 1
-
-    def residuals(z: np.ndarray) -> np.ndarray:
-        return log_errors(rows, _vector_to_params(np.concatenate([z, x0[free:]])))
-
-    result = least_squares(residuals, x0[:free], method="trf", diff_step=1e-3, xtol=1e-4, ftol=1e-6, max_nfev=60)
-    params = _vector_to_params(np.concatenate([result.x, x0[free:]]))
-    return {k: round(v, 6) for k, v in params.items()} | {"fitted_on_rows": [r.label for r in rows]}
-
-
-def fit_on(runs: list[Run]) -> dict[str, dict]:
-    """Per chip and software stack, the parameters fitted on every usable run given."""
-    train = usable(runs)
-    return {key: fit_rows([r for r in train if calibration_key(r) == key])
-            for key in sorted({calibration_key(r) for r in train})}
-
-
 def fit(runs: list[Run]) -> dict[str, dict]:
-    """The shipped calibration: fitted on the calibration split (rows not held out by `is_test_row`)."""
-    return fit_on([r for r in runs if not is_test_row(r.row)])
+    """Per chip and software stack, the parameters minimising squared log error on the calibration split."""
+    fitted = {}
+    train = [r for r in usable(runs) if not is_test_row(r.row)]
+    for key in sorted({calibration_key(r) for r in train}):
+        rows = [r for r in train if calibration_key(r) == key]
+        x0 = np.array([math.log(0.75 / 0.25), math.log(20.0), math.log(0.45 / 0.55)])
+        # Few rows cannot pin three parameters: then fit the GEMM efficiency alone, the rest stay at x0.
+        free = len(x0) if len(rows) >= MIN_ROWS_FULL_FIT else 1
 
         def objective(z: np.ndarray) -> float:
             x = np.concatenate([z, x0[free:]])

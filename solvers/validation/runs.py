@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,54 +26,7 @@ from formulation.inputs.instance import Instance, instance_from_dict
 from formulation.placement import Placement, even_split
 
 DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
-DEFAULT_TORCHTITAN = REFERENCE_DIR / "published_runs_torchtitan.csv"
 DEFAULT_MEMORY = REFERENCE_DIR / "published_memory.csv"
-# `solve validate` with no --runs scores all of these.
-DEFAULT_RUN_FILES = (DEFAULT_RUNS, DEFAULT_TORCHTITAN)
-
-# A source is one paper, repository or document (they share hardware, software and authors): rows of one
-# source are held out together. First matching substring of the `source` column wins. NeMo's performance
-# summary and its long-sequence page are separate sources (different pages, containers, precision and
-# context-parallel sweeps); the Megatron-LM README 2024 tables (model table, strong scaling) are one source.
-SOURCE_KEYS = (
-    ("SC21", "megatron-sc21"),
-    ("Korthikanti", "korthikanti-2022"),
-    ("Sept 2020", "megatron-readme-2020"),
-    ("Megatron-LM README", "megatron-readme-2024"),
-    ("examples/llama", "megatron-llama-fp8"),
-    ("dgxc-benchmarking", "dgxc-benchmarking"),
-    ("performance_long_sequence", "nemo-long-sequence"),
-    ("performance_summary", "nemo-perf-summary"),
-    ("llm-foundry", "llm-foundry"),
-    ("torchtitan", "torchtitan"),
-)
-# Software stack per source when the row has no `software_stack` cell (the default stack otherwise).
-SOURCE_STACKS = {"llm-foundry": "fsdp", "torchtitan": "torchtitan"}
-# Stacks named in runs files that this model version does not implement yet: scored with the nearest one.
-STACK_FALLBACK = {"torchtitan": "fsdp", "megatron-deepspeed": "megatron"}
-_warned_stacks: set[str] = set()
-
-
-def source_key(source: str) -> str:
-    """Short key of a row's source; unknown sources: the text before the first '(' (or the whole text)."""
-    for needle, key in SOURCE_KEYS:
-        if needle in source:
-            return key
-    return source.split("(")[0].strip() or source.strip()
-
-
-def software_stack_of(row: dict) -> str:
-    """The row's stack: its `software_stack` cell, else its source's, else FSDP if the notes say so, else megatron."""
-    stack = (row.get("software_stack") or "").strip() or SOURCE_STACKS.get(source_key(row["source"]), "")
-    if not stack:
-        stack = "fsdp" if "FSDP" in row.get("notes", "") else "megatron"
-    if stack not in SOFTWARE_STACKS:
-        fallback = STACK_FALLBACK.get(stack, "megatron")
-        if stack not in _warned_stacks:
-            _warned_stacks.add(stack)
-            print(f"warning: software stack {stack!r} is not modelled yet; scored as {fallback!r}", file=sys.stderr)
-        stack = fallback
-    return stack
 
 
 @dataclass
@@ -90,16 +42,6 @@ class Run:
     measured_peak_memory_gb: float | None
     measured_oom: bool
     skipped_reason: str | None = None
-    file: str = ""  # name of the runs file the row came from (row numbers restart per file)
-
-    @property
-    def source_key(self) -> str:
-        return source_key(self.source)
-
-    @property
-    def label(self) -> str:
-        """Row id unique across files: `row` for published_runs.csv, `file:row` otherwise."""
-        return str(self.row) if self.file in ("", DEFAULT_RUNS.name) else f"{Path(self.file).stem}:{self.row}"
 
     @property
     def group(self) -> tuple:
@@ -218,14 +160,7 @@ def _measured_time(r: dict, instance: Instance, n_gpus: int) -> tuple[float | No
 
 def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
     with open(path, newline="", encoding="utf-8") as handle:
-        runs = [run_from_row(i, row) for i, row in enumerate(csv.DictReader(handle))]
-    for run in runs:
-        run.file = Path(path).name
-    return runs
-
-
-def load_run_files(paths=DEFAULT_RUN_FILES) -> list[Run]:
-    return [run for path in paths for run in load_runs(path)]
+        return [run_from_row(i, row) for i, row in enumerate(csv.DictReader(handle))]
 
 
 def is_test_row(row: int) -> bool:

@@ -45,13 +45,13 @@ def validate_runs(path: Path) -> dict:
                 "predicted_peak_memory_gb": None, "predicted_oom": None, "measured_oom": run.measured_oom,
                 "measured_peak_memory_gb": run.measured_peak_memory_gb, "skipped_reason": run.skipped_reason,
                 "split": "test" if is_test_row(run.row) else "fit"}
-        if run.skipped_reason is None and excluded_reason(run):
-            item["skipped_reason"] = f"excluded: {excluded_reason(run)}"
+        if run.skipped_reason is None and run.row in EXCLUDED and path == DEFAULT_RUNS:
+            item["skipped_reason"] = f"excluded: {EXCLUDED[run.row]}"
         if run.skipped_reason is None:
             est = evaluate(run.instance, run.placement, check=False)
             capacity = min(m.memory.capacity_gib for m in est.stages)
             item.update(predicted_iter_s=est.iteration_time_s,
-                        relative_error=est.iteration_time_s / run.measured_iter_s - 1 if run.measured_iter_s else None,
+                        relative_error=est.iteration_time_s / run.measured_iter_s - 1,
                         predicted_peak_memory_gb=est.peak_memory_gib * GIB / GB,
                         predicted_oom=est.peak_memory_gib > capacity,
                         calibrated=chip_of(run.gpu_type) is not None)
@@ -63,7 +63,6 @@ def validate_runs(path: Path) -> dict:
 
 def _summary(rows: list[dict], groups: dict) -> dict:
     def stats(items):
-        items = [r for r in items if r["relative_error"] is not None]
         errs = [abs(r["relative_error"]) for r in items]
         if not errs:
             return {"count": 0}
@@ -71,7 +70,6 @@ def _summary(rows: list[dict], groups: dict) -> dict:
         return {"count": len(errs), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs),
                 "worst_row": worst["row"]}
     scored = [r for r in rows if r["skipped_reason"] is None]
-    timed = [r for r in scored if r["relative_error"] is not None]
     calibrated = [r for r in scored if r.get("calibrated")]
     confusion = {"predicted_oom_and_oom": 0, "predicted_oom_but_ran": 0, "predicted_fit_but_oom": 0,
                  "predicted_fit_and_ran": 0}
@@ -147,16 +145,16 @@ def _print(result: dict, memory: list[dict]) -> None:
 
     console = Console(width=max(Console().width, 150))
     table = Table(title="predicted vs measured iteration time")
-    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GiB]",
+    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GB]",
                 "OOM?"):
         table.add_column(escape(col), justify="right" if col not in ("model", "how", "GPU") else "left")
     for r in result["rows"]:
         if r["skipped_reason"]:
             continue
-        table.add_row(str(r["row"]), r["model"][:30], r["gpu_type"], r["split"], f"{r['measured_iter_s']:.3f}" if r["measured_iter_s"] else "OOM",
-                      r["measured_how"], f"{r['predicted_iter_s']:.3f}", _pct(r["relative_error"]),
-                      f"{r['predicted_peak_memory_gb'] * GB / GIB:.1f}", "yes" if r["predicted_oom"] else "no",
-                      style="red" if abs(r["relative_error"] or 0) > 0.25 else None)
+        table.add_row(str(r["row"]), r["model"][:30], r["gpu_type"], r["split"], f"{r['measured_iter_s']:.3f}",
+                      r["measured_how"], f"{r['predicted_iter_s']:.3f}", f"{100 * r['relative_error']:+.1f} %",
+                      f"{r['predicted_peak_memory_gb']:.1f}", "yes" if r["predicted_oom"] else "no",
+                      style="red" if abs(r["relative_error"]) > 0.25 else None)
     console.print(table)
     skipped = [r for r in result["rows"] if r["skipped_reason"]]
     if skipped:
@@ -172,8 +170,7 @@ def _print(result: dict, memory: list[dict]) -> None:
         if st["count"]:
             console.print(f"{key}: {st['count']} runs, median |error| {100 * st['median_abs_error']:.1f} %, "
                           f"max {100 * st['max_abs_error']:.1f} % (row {st['worst_row']})")
-    rho = s["spearman_all"]
-    console.print(f"Spearman (all scored runs): {'n/a' if rho is None else f'{rho:.3f}'}; split: {s['split']}")
+    console.print(f"Spearman (all scored runs): {s['spearman_all']:.3f}; split: {s['split']}")
     if s["uncalibrated_gpu_types"]:
         console.print(f"GPU types with default (uncalibrated) efficiencies: {', '.join(s['uncalibrated_gpu_types'])}")
     if memory:
@@ -192,7 +189,6 @@ def _plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 6))
-    result = {"rows": [r for r in result["rows"] if r["relative_error"] is not None or r["skipped_reason"]]}
     for split, marker in (("fit", "o"), ("test", "s")):
         pts = [(r["measured_iter_s"], r["predicted_iter_s"]) for r in result["rows"]
                if not r["skipped_reason"] and r["split"] == split]
@@ -211,112 +207,6 @@ def _plot(result: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:+.1f} %"
-
-
-def _print_cross(result: dict, title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=max(Console().width, 150))
-    table = Table(title=title)
-    for col in ("source", "runs", "median signed error", "median |error|", "worst row", "worst error",
-                "measured OOM predicted to fit"):
-        table.add_column(col, justify="left" if col == "source" else "right")
-    for name, st in [*result["sources"].items(), ("POOLED", result["pooled"])]:
-        table.add_row(name, str(st["runs"]), _pct(st.get("median_signed_error")), _pct(st.get("median_abs_error")),
-                      str(st.get("worst_row", "")), _pct(st.get("worst_error")), str(st["fit_but_measured_oom"]),
-                      style="bold" if name == "POOLED" else None)
-    console.print(table)
-    p = result["pooled"]
-    console.print(f"peak memory (runs that measured it: {p['memory_runs']}): median signed error "
-                  f"{_pct(p['memory_median_signed_error'])}, median |error| {_pct(p['memory_median_abs_error'])}; "
-                  f"predicted OOM but ran: {p['predicted_oom_but_ran']}")
-    groups = result["groups"]
-    if not groups:
-        console.print("Spearman per sweep group: no group (same model, GPU, GPU count, seq, global batch) "
-                      "has >= 4 scored runs")
-    for g in groups:
-        rho = g["spearman"]
-        console.print(f"Spearman {'n/a' if rho is None else f'{rho:+.2f}'} over {g['runs']} runs: {g['group']}")
-
-
-def _print_ablation(table: list[dict]) -> None:
-    for row in table:
-        print(f"{row['term']:40s} median |error| {_pct(row.get('median_abs_error'))}, "
-              f"median signed {_pct(row.get('median_signed_error'))}, memory |error| "
-              f"{_pct(row.get('memory_median_abs_error'))}, measured-OOM predicted to fit {row['fit_but_measured_oom']}")
-
-
-def _validate(args) -> int:
-    from .crossval import ablation, in_sample, stderr_progress
-    from .runs import DEFAULT_RUN_FILES, load_run_files
-
-    files = args.runs or list(DEFAULT_RUN_FILES)
-    runs = load_run_files(files)
-    if args.calibration:
-        from .user_calibration import apply_calibration, load_calibration
-        cal = load_calibration(args.calibration)
-        for run in runs:
-            if run.instance is not None:
-                run.instance = apply_calibration(run.instance, cal)
-    if args.few_shot:
-        from .user_calibration import few_shot
-        _print_few_shot(few_shot(runs, progress=stderr_progress))
-        return 0
-    if args.ablation:
-        _print_ablation(ablation(runs, progress=stderr_progress))
-        return 0
-    if args.in_sample:
-        results = [validate_runs(path) for path in files]
-        memory = validate_memory(args.memory) if args.memory and args.memory.is_file() else []
-        if args.plot:
-            _plot(results[0], args.plot)
-        if args.json:
-            print(json.dumps({"files": [str(f) for f in files], "results": results, "memory": memory}, indent=2,
-                             default=str))
-            return 0
-        for result in results:
-            _print(result, [])
-        _print(results[0] | {"rows": []}, memory) if memory else None
-        _print_cross(in_sample(runs), "in sample: one fit on every source (not a test of new sources)")
-        return 0
-    result = cross_validate(runs, progress=stderr_progress)
-    if args.json:
-        print(json.dumps(result, indent=2, default=str))
-    else:
-        _print_cross(result, "leave-one-source-out: each source predicted by a fit on the others")
-    return 0
-
-
-def _print_few_shot(table: list[dict]) -> None:
-    print(f"{'source':24s} {'calibrated on':34s} {'predicted':>9s} {'median |error|':>15s} {'signed':>9s}  "
-          f"Spearman per sweep group")
-    for t in table:
-        rhos = ", ".join("n/a" if r is None else f"{r:+.2f}" for r in t["spearman_groups"]) or "(no group >= 4)"
-        print(f"{t['source']:24s} {', '.join(t['calibrated_on']):34s} {t['predicted']:9d} "
-              f"{100 * t['median_abs_error']:14.1f}% {100 * t['median_signed_error']:+8.1f}%  {rhos}")
-    if table:
-        pooled = statistics.median(t["median_abs_error"] for t in table)
-        print(f"median over sources of the median |error|: {100 * pooled:.1f} %")
-
-
-def _calibrate_user(args) -> int:
-    from . import write_json_atomic
-    from .runs import load_run_files
-    from .user_calibration import fit_knobs, leave_one_out, summary_lines
-
-    runs = [r for r in load_run_files(args.runs or []) if r.skipped_reason is None]
-    if not args.runs:
-        raise InputError("--runs: expected your measured runs CSV (see docs/validation.md for the columns)")
-    cal = fit_knobs(runs)
-    print("\n".join(summary_lines(cal, leave_one_out(runs), runs)))
-    write_json_atomic(args.output, cal | {"runs_files": [str(p) for p in args.runs]})
-    print(f"written {args.output}; apply with: solve --calibration {args.output} ...")
-    return 0
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -346,8 +236,6 @@ def main(command: str, argv: list[str]) -> int:
         print(f"error: {args.runs}: <root>: file not found", file=sys.stderr)
         return 2
     try:
-        if command == "calibrate" and args.output:
-            return _calibrate_user(args)
         if command == "calibrate":
             return _calibrate(args)
         return _validate(args)
