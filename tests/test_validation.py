@@ -60,3 +60,20 @@ def test_memory_components_within_ten_percent_of_korthikanti():
     for row in rows:
         assert abs(row["relative_error"]) <= 0.10, row
         assert row["relative_error"] >= -0.01, f"memory must not be under-estimated: {row}"
+
+
+def test_row_table_prints_peak_memory_in_gib_like_plans(tmp_path):
+    """`solve validate --rows` shows the predicted peak in GiB, the unit of plans (not decimal GB)."""
+    from conftest import run_solve
+    from formulation import evaluate
+
+    lines = Path(DEFAULT_RUNS).read_text().splitlines()
+    one = tmp_path / "one.csv"
+    one.write_text("\n".join(lines[:2]) + "\n")
+    run = load_runs(one)[0]
+    expected = f"{evaluate(run.instance, run.placement, check=False).peak_memory_gib:.1f}"
+    done = run_solve("validate", "--runs", one, "--rows")
+    assert done.returncode == 0, done.stderr
+    assert "peak mem [GiB]" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if "GPT-1.7B" in line and "│" in line)
+    assert expected in [cell.strip() for cell in row.split("│")]

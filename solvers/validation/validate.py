@@ -145,7 +145,7 @@ def _print(result: dict, memory: list[dict]) -> None:
 
     console = Console(width=max(Console().width, 150))
     table = Table(title="predicted vs measured iteration time")
-    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GB]",
+    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GiB]",
                 "OOM?"):
         table.add_column(escape(col), justify="right" if col not in ("model", "how", "GPU") else "left")
     for r in result["rows"]:
@@ -153,7 +153,7 @@ def _print(result: dict, memory: list[dict]) -> None:
             continue
         table.add_row(str(r["row"]), r["model"][:30], r["gpu_type"], r["split"], f"{r['measured_iter_s']:.3f}",
                       r["measured_how"], f"{r['predicted_iter_s']:.3f}", f"{100 * r['relative_error']:+.1f} %",
-                      f"{r['predicted_peak_memory_gb']:.1f}", "yes" if r["predicted_oom"] else "no",
+                      f"{r['predicted_peak_memory_gb'] * GB / GIB:.1f}", "yes" if r["predicted_oom"] else "no",
                       style="red" if abs(r["relative_error"]) > 0.25 else None)
     console.print(table)
     skipped = [r for r in result["rows"] if r["skipped_reason"]]
@@ -170,7 +170,8 @@ def _print(result: dict, memory: list[dict]) -> None:
         if st["count"]:
             console.print(f"{key}: {st['count']} runs, median |error| {100 * st['median_abs_error']:.1f} %, "
                           f"max {100 * st['max_abs_error']:.1f} % (row {st['worst_row']})")
-    console.print(f"Spearman (all scored runs): {s['spearman_all']:.3f}; split: {s['split']}")
+    rho = s["spearman_all"]  # None when undefined: fewer than two runs, or all predictions equal
+    console.print(f"Spearman (all scored runs): {'n/a' if rho is None else f'{rho:.3f}'}; split: {s['split']}")
     if s["uncalibrated_gpu_types"]:
         console.print(f"GPU types with default (uncalibrated) efficiencies: {', '.join(s['uncalibrated_gpu_types'])}")
     if memory:
