@@ -302,8 +302,11 @@ def test_launch_scripts_start_the_right_ranks(output_dir, plan, h100, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_torchtitan_route_runs_the_module_with_torchtitan_arguments_only(output_dir, plan, h100, tmp_path):
-    torchrun = torchrun_launch(h100, plan.placement)
+def test_torchtitan_route_runs_the_module_with_torchtitan_arguments_only(plan, h100, tmp_path):
+    p = _node_blocks(plan.placement)
+    output_dir = tmp_path / "launch"
+    export_plan(h100, _Scored(p, evaluate(h100, p)), output_dir)
+    torchrun = torchrun_launch(h100, p)
     node = torchrun.nodes[0]
     env = {**_fake_tools(tmp_path, node.host), "FRAMEWORK": "torchtitan"}
     out = subprocess.run(["bash", output_dir / "launch_torchrun.sh", "--training.steps=10"], env=env,
@@ -312,7 +315,7 @@ def test_torchtitan_route_runs_the_module_with_torchtitan_arguments_only(output_
     module = args.index("-m")  # torchrun's own --module flag, then the module as the training script
     assert args[module + 1] == "torchtitan.train" and args[module + 2:module + 6] == [
         "--module", "llama3", "--config", "llama3_70b"]
-    assert args[-2:] == ["--training.steps=10", f"activation-checkpoint:{plan.placement.recompute}"]  # subcommand last
+    assert args[-2:] == ["--training.steps=10", f"activation-checkpoint:{p.recompute}"]  # subcommand last
     assert not any(arg.startswith(("--tensor-model", "--micro-batch", "--seq-length")) for arg in args)
     bad = subprocess.run(["bash", output_dir / "launch_torchrun.sh"], env={**env, "FRAMEWORK": "nemo"},
                          capture_output=True, text=True)

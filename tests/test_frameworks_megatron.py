@@ -77,7 +77,8 @@ def _check_written_routes(instance, placement) -> int:
 
 
 def test_solved_h100_plan_realises_megatrons_real_groups(h100, plan):
-    assert _check_written_routes(h100, plan.placement) == 2
+    routes = _check_written_routes(h100, plan.placement)
+    assert routes == (2 if torchrun_launch(h100, plan.placement) else 1)
 
 
 @pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem != "h100_16384"], ids=lambda p: p.stem)
