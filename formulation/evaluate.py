@@ -114,7 +114,7 @@ class StageLinks:
 
 def stage_links(instance, p: Placement, i: int) -> StageLinks:
     """(C6), (C8), (C12) for stage i of `p` (its GPUs are p.grid[i]); the layer count does not enter."""
-    model, job, cluster = instance.model, instance.training, instance.cluster
+    cluster = instance.cluster
     # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
     tp = _max_group(p.tp_groups(i), lambda g: group_comm(
         instance, p, "tp", cost.group_links(cluster, g))) if p.tp > 1 else 0.0

@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     parser.add_argument("--output", metavar="PLAN.json", help="write the plan (placement, estimate, solver report)")
     parser.add_argument("--output-dir", metavar="DIR", help="write plan.json, Megatron-LM arguments, torchrun and Slurm "
-                                                            "launch scripts, torchtitan.toml, pictures and README.txt")
+                                                            "launch scripts, torchtitan arguments (0.3) and TOML (0.2), pictures, README.txt")
     parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
                                                             "--output-dir, else next to --output, else here)")
     parser.add_argument("--method", default=None, choices=METHODS,
