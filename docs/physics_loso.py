@@ -23,7 +23,7 @@ from scipy.optimize import minimize
 
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import evaluate
-from formulation.inputs.cluster import CALIBRATION_PATH
+from formulation.inputs.gpus import CALIBRATION_PATH
 from formulation.physics import cost
 from solvers.validation import calibrate
 from solvers.validation.runs import load_runs

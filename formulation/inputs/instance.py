@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from formulation.inputs.cluster import Cluster, load_cluster_section
+from formulation.inputs.cluster import Cluster
+from formulation.inputs.cluster_section import load_cluster_section
 from formulation.errors import (
     DuplicatedMapping,
     InputError,

@@ -8,7 +8,7 @@ and XDR 800 Gb/s = 100 GB/s per NIC; nccl-tests' busbw = algbw x 2(n-1)/n for al
 
 from __future__ import annotations
 
-from formulation.inputs.cluster import gpu_catalog
+from formulation.inputs.gpus import gpu_catalog
 
 MAX_NIC_GB_PER_S = 100.0  # XDR 800 Gb/s, the fastest NIC one GPU drives today
 NVLINK_GB_PER_S = {"v100": 150.0, "a100": 300.0, "h100": 450.0, "h200": 450.0, "b200": 900.0}

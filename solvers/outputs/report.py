@@ -12,7 +12,7 @@ from rich.table import Table
 
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
-from formulation.inputs.cluster import gpu_catalog
+from formulation.inputs.gpus import gpu_catalog
 from formulation.placement import Placement
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 
-from formulation.inputs.cluster import CALIBRATION_PATH, CATALOG_PATH
+from formulation.inputs.gpus import CALIBRATION_PATH, CATALOG_PATH
 from formulation.evaluate import evaluate
 
 from solvers.validation.runs import Run, is_test_row

@@ -20,7 +20,7 @@ from scipy.optimize import least_squares
 
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import evaluate
-from formulation.inputs.cluster import gpu_catalog
+from formulation.inputs.gpus import gpu_catalog
 from formulation.physics.memory import GIB
 from solvers.validation.calibrate import (EXCLUDED, FITTED, MIN_ROWS_FULL_FIT, calibration_key, chip_of,
                                           log_errors, to_params, to_vector, with_parameters)
