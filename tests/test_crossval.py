@@ -103,3 +103,13 @@ def test_every_estimate_carries_the_stored_interval():
     t = estimate.iteration_time_s
     assert lo == pytest.approx(t * 2.718281828459045 ** -stored["log_residual_p90"])
     assert hi == pytest.approx(t * 2.718281828459045 ** -stored["log_residual_p10"]) and lo < hi
+
+
+def test_ablation_flips_each_term_once_and_restores_it(a100_runs):
+    from formulation.physics.cost import PHYSICS_TERMS
+    before = dict(PHYSICS_TERMS)
+    rows = crossval.ablation(a100_runs[:4], PHYSICS_TERMS)
+    assert PHYSICS_TERMS == before
+    assert [r["term"] for r in rows] == ["(defaults)", *before]
+    assert all(r["flipped_to"] == (not before[r["term"]]) for r in rows[1:])
+    assert all(r["pooled_median_abs_error"] is not None for r in rows)

@@ -185,8 +185,9 @@ def summarize(predictions: list[Prediction]) -> dict:
                "measured_gib": p.run.measured_peak_memory_gb * 1e9 / GIB,
                "error": p.peak_memory_gib / (p.run.measured_peak_memory_gb * 1e9 / GIB) - 1}
               for p in predictions if p.run.measured_peak_memory_gb]
+    fp8 = [p for p in predictions if p.run.instance.training.precision == "fp8"]
     return {"sources": {f: stats([p for p in predictions if p.family == f]) for f in families},
-            "pooled": stats(predictions), "sweep_groups": sweeps,
+            "pooled": stats(predictions), "fp8": stats(fp8), "sweep_groups": sweeps,
             "memory": {"rows": memory, "median_abs_error": _median([abs(m["error"]) for m in memory]),
                        "median_error": _median([m["error"] for m in memory])},
             "measured_oom": oom}
@@ -194,3 +195,26 @@ def summarize(predictions: list[Prediction]) -> dict:
 
 def log_residuals(predictions: list[Prediction]) -> list[float]:
     return [math.log(p.iteration_time_s / p.run.measured_iter_s) for p in predictions if p.timed]
+
+
+def ablation(runs: list[Run], terms: dict, progress=None) -> list[dict]:
+    """Leave-one-source-out with each physics term of `terms` (a name -> on/off switch table) flipped in turn,
+    the others as they are: what each term is worth across sources."""
+    out = []
+    for name in [None, *terms]:
+        if name is not None:
+            terms[name] = not terms[name]
+        try:
+            summary = summarize(cross_validate(runs))
+        finally:
+            if name is not None:
+                terms[name] = not terms[name]
+        biased = sorted(f for f, s in summary["sources"].items() if s["runs"] and abs(s["median_error"]) > 0.10)
+        out.append({"term": name or "(defaults)", "flipped_to": None if name is None else not terms[name],
+                    "pooled_median_abs_error": summary["pooled"].get("median_abs_error"),
+                    "fp8_median_abs_error": summary["fp8"].get("median_abs_error"),
+                    "memory_median_abs_error": summary["memory"]["median_abs_error"],
+                    "sources_beyond_10_percent": biased})
+        if progress:
+            progress(len(out), len(terms) + 1, name or "(defaults)")
+    return out

@@ -36,6 +36,12 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
                       _pct(pooled["median_abs_error"]), str(pooled["worst_row"]), _pct(pooled["worst_error"], True),
                       style="bold")
     console.print(table)
+    if summary["fp8"]["runs"]:
+        fp8 = summary["fp8"]
+        console.print(f"FP8 runs: {fp8['runs']}, median |error| {_pct(fp8['median_abs_error'])}, median signed "
+                      f"{_pct(fp8['median_error'], True)}")
+    if not summary["sweep_groups"]:
+        console.print("no sweep group (same model, GPU, GPU count, sequence and batch) has 4 runs or more")
     if summary["sweep_groups"]:
         groups = _table("rank correlation inside measured sweeps (same model, GPU, GPU count, sequence, batch)",
                         ["group", "runs", "Spearman"])
@@ -62,4 +68,14 @@ def print_few_shot(rows: list[dict], console: Console) -> None:
         table.add_row(r["source"], str(r["predicted_runs"]), ", ".join(str(x) for x in r["calibrated_on"]),
                       _pct(r["median_abs_error_before"]), _pct(r["median_abs_error_after"]),
                       "-" if r["spearman_after"] is None else f"{r['spearman_after']:.2f}")
+    console.print(table)
+
+
+def print_ablation(rows: list[dict], console: Console) -> None:
+    table = _table("ablation: leave-one-source-out with one physics term flipped",
+                   ["term", "flipped to", "pooled |error|", "FP8 |error|", "memory |error|", "sources > 10 %"])
+    for r in rows:
+        table.add_row(r["term"], "-" if r["flipped_to"] is None else ("on" if r["flipped_to"] else "off"),
+                      _pct(r["pooled_median_abs_error"]), _pct(r["fp8_median_abs_error"]),
+                      _pct(r["memory_median_abs_error"]), ", ".join(r["sources_beyond_10_percent"]) or "none")
     console.print(table)

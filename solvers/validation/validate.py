@@ -27,11 +27,12 @@ from formulation.placement import Placement, even_split
 
 from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
 from formulation.intervals import INTERVALS_PATH
+from formulation.physics.cost import PHYSICS_TERMS
 from solvers.outputs.files import write_json_atomic
 from solvers.validation import crossval, fewshot
 from solvers.validation.calibrate import EXCLUDED, chip_of
 from solvers.validation.crossval import spearman
-from solvers.validation.report import print_few_shot, print_summary
+from solvers.validation.report import print_ablation, print_few_shot, print_summary
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs
 
 GB = 1e9
@@ -223,6 +224,8 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--few-shot", action="store_true", help="per source with >= 4 runs: calibrate on 2 of "
                             "its runs (solve calibrate --output), predict the rest")
         parser.add_argument("--calibration", type=Path, help="a user calibration (solve calibrate --output) to apply")
+        parser.add_argument("--ablation", action="store_true", help="also leave-one-source-out with each physics "
+                            "term flipped in turn (one full cross-validation per term: several minutes)")
         parser.add_argument("--write-intervals", action="store_true", help="store the cross-source residual "
                             "quantiles as the prediction interval every estimate carries (package data)")
         parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
@@ -265,10 +268,12 @@ def _validate(args) -> int:
     if args.write_intervals:
         path = write_intervals(crossval.log_residuals(predictions), summary, mode)
         console.print(f"prediction interval written to {path}")
+    ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
     rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
     if args.json:
-        print(json.dumps({"mode": mode, "summary": summary, "few_shot": few, "rows": rows, "memory": memory},
+        print(json.dumps({"mode": mode, "summary": summary, "few_shot": few, "ablation": ablated, "rows": rows,
+                          "memory": memory},
                          indent=2, default=str))
         return 0
     if rows:
@@ -278,6 +283,8 @@ def _validate(args) -> int:
     print_summary(summary, mode, console)
     if few:
         print_few_shot(few, console)
+    if ablated:
+        print_ablation(ablated, console)
     return 0
 
 
