@@ -59,11 +59,12 @@ def _mfu_note(instance, e: Estimate) -> str:
             f"{source}: treat as optimistic)")
 
 
-def _table(title: str, columns: tuple[str, ...]) -> Table:
-    """Right-aligned columns that fold rather than cut: a narrow terminal wraps a number, never hides it."""
+def folding_table(title: str, columns, left=("GPU", "part")) -> Table:
+    """Columns that fold rather than cut (a narrow terminal wraps a number, never hides it), right-aligned
+    except the text columns named in `left`."""
     table = Table(title=title)
     for name in columns:
-        table.add_column(escape(name), justify="left" if name in ("GPU", "part") else "right", overflow="fold",
+        table.add_column(escape(name), justify="left" if name in left else "right", overflow="fold",
                          min_width=max(len(word) for word in name.split()))
     return table
 
@@ -93,15 +94,15 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head.add_row("MFU", f"{100 * e.mfu:.1f} %" + _mfu_note(instance, e))
     head.add_row("peak memory", f"{e.peak_memory_gib:.1f} GiB ({'fits' if e.fits else 'DOES NOT FIT'})")
 
-    crit = _table(f"critical path (slowest stage: {e.critical_stage})", ("part", "time [s]", "share"))
+    crit = folding_table(f"critical path (slowest stage: {e.critical_stage})", ("part", "time [s]", "share"))
     for key, value in e.breakdown.items():
         part = key.removesuffix("_s") + (" (exposed)" if key.startswith("dp_comm") else "")
         crit.add_row(part, f"{value:.3f}", f"{100 * value / e.iteration_time_s:.1f} %")
     crit.add_row("total", f"{sum(e.breakdown.values()):.3f}", "100.0 %", style="bold")
 
-    times = _table("per stage: time per micro-batch", ("stage", "layers", "GPU", "fwd [ms]", "bwd [ms]",
+    times = folding_table("per stage: time per micro-batch", ("stage", "layers", "GPU", "fwd [ms]", "bwd [ms]",
                                                          "dp sync, whole [ms]"))
-    mem = _table("per stage: memory per GPU [GiB] (runtime: CUDA context, NCCL, allocator)",
+    mem = folding_table("per stage: memory per GPU [GiB] (runtime: CUDA context, NCCL, allocator)",
                  ("stage", "weights", "grads", "optim", "activ.", "buffers", "runtime", "total", "limit"))
     for s in e.stages:
         m = s.memory

@@ -31,6 +31,7 @@ from pathlib import Path
 from formulation import InfeasibleError, InputError, instance_from_dict
 from formulation.errors import Section
 from formulation.inputs.instance import read_document
+from solvers.search.mixed import price_per_s
 from solvers.search.uniform import NoPlanInTime
 from solvers.solve import solve
 
@@ -180,7 +181,7 @@ def run_cell(cell: Cell, token_budget: float | None) -> dict:
 def plan_row(instance, result, token_budget: float | None) -> dict:
     p, e, s = result.placement, result.estimate, result.solver
     gpus = p.world_size
-    price = sum(instance.cluster.gpu_type_of(int(g)).price_per_hour for g in p.gpus)  # per hour, all GPUs
+    price = price_per_s(instance, p) * 3600  # per hour, all GPUs of the plan
     days = token_budget / e.tokens_per_s / 86400 if token_budget else None
     row = {"status": s.status, "gpus": gpus, "tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": p.dp, "vpp": p.vpp,
            "micro_batch_size": p.micro_batch_size, "recompute": p.recompute, "zero_stage": p.zero_stage,

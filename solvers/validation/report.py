@@ -4,8 +4,9 @@ and out-of-memory calls, and the few-shot table."""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from solvers.outputs.report import folding_table
 
 
 def _pct(value: float | None, signed: bool = False) -> str:
@@ -14,17 +15,13 @@ def _pct(value: float | None, signed: bool = False) -> str:
     return f"{100 * value:+.1f} %" if signed else f"{100 * value:.1f} %"
 
 
-def _table(title: str, columns: list[str]) -> Table:
-    table = Table(title=title)
-    for name in columns:
-        table.add_column(escape(name), justify="left" if name in ("source", "group", "model") else "right",
-                         overflow="fold")
-    return table
+def _table_of(title: str, columns: list[str]) -> Table:
+    return folding_table(title, columns, left=("source", "group", "model", "term"))
 
 
 def print_summary(summary: dict, mode: str, console: Console) -> None:
     """`mode` says how the parameters were fitted (leave-one-source-out or in-sample)."""
-    table = _table(f"iteration time, {mode}: predicted / measured - 1",
+    table = _table_of(f"iteration time, {mode}: predicted / measured - 1",
                    ["source", "runs", "median signed", "median |error|", "worst row", "worst error"])
     for source, st in summary["sources"].items():
         if st["runs"]:
@@ -43,7 +40,7 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
     if not summary["sweep_groups"]:
         console.print("no sweep group (same model, GPU, GPU count, sequence and batch) has 4 runs or more")
     if summary["sweep_groups"]:
-        groups = _table("rank correlation inside measured sweeps (same model, GPU, GPU count, sequence, batch)",
+        groups = _table_of("rank correlation inside measured sweeps (same model, GPU, GPU count, sequence, batch)",
                         ["group", "runs", "Spearman"])
         for g in summary["sweep_groups"]:
             groups.add_row(" ".join(str(x) for x in g["group"]), str(g["runs"]),
@@ -61,7 +58,7 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
 
 
 def print_few_shot(rows: list[dict], console: Console) -> None:
-    table = _table("few-shot: calibrate on 2 runs of a source, predict the rest",
+    table = _table_of("few-shot: calibrate on 2 runs of a source, predict the rest",
                    ["source", "runs", "calibrated on", "median |error| before", "median |error| after",
                     "Spearman after"])
     for r in rows:
@@ -72,7 +69,7 @@ def print_few_shot(rows: list[dict], console: Console) -> None:
 
 
 def print_ablation(rows: list[dict], console: Console) -> None:
-    table = _table("ablation: leave-one-source-out with one physics term flipped",
+    table = _table_of("ablation: leave-one-source-out with one physics term flipped",
                    ["term", "flipped to", "pooled |error|", "FP8 |error|", "memory |error|", "sources > 10 %"])
     for r in rows:
         table.add_row(r["term"], "-" if r["flipped_to"] is None else ("on" if r["flipped_to"] else "off"),
