@@ -56,17 +56,30 @@ def _label(r: dict) -> str:
     return " ".join(parts)
 
 
+def _count(n: float) -> str:
+    """15e12 -> '15T': token budgets read as people say them."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.3g}"
+
+
 def _pareto_picture(sweep: Sweep, rows: list[dict], front: list[dict], path: Path) -> Path:
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
     fig = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
     ax = fig.subplots()
     priced = [r for r in rows if r.get("days") is not None and r.get("cost") is not None]
     ax.scatter([r["days"] for r in priced], [r["cost"] for r in priced], color="#8E9AAF", label="cells")
     ax.plot([r["days"] for r in front], [r["cost"] for r in front], "o-", color="#C44E52", label="Pareto front")
-    for r in front:
-        ax.annotate(_label(r), (r["days"], r["cost"]), textcoords="offset points", xytext=(6, 4), fontsize=7)
-    ax.set_xlabel(f"days to {sweep.token_budget:.3g} tokens")
-    ax.set_ylabel("cost (GPU-hours x price per GPU-hour)")
+    on_front = {id(r) for r in front}
+    for r in priced:  # every cell named: the ones off the front are the answer to "why not that one?"
+        ax.annotate(_label(r), (r["days"], r["cost"]), textcoords="offset points", xytext=(6, 4), fontsize=7,
+                    color="black" if id(r) in on_front else "#5A6272")
+    # Costs are millions: print them so instead of matplotlib's detached "1e7" offset.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:,.2f} M"))
+    ax.set_xlabel(f"days to {_count(sweep.token_budget)} tokens")
+    ax.set_ylabel("cost (GPU-hours x price per GPU-hour, millions)")
     ax.set_title(f"{sweep.name}: time against cost, {len(priced)} of {len(rows)} cells with a price")
     ax.legend(fontsize=8)
     return save_figure_atomic(fig, path)
