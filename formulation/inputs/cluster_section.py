@@ -111,13 +111,34 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
     intra_latency = intra_latency if fits.intra_latency_s is None else fits.intra_latency_s
     inter_latency = inter_latency if fits.inter_latency_s is None else fits.inter_latency_s
     index = {n.name: i for i, n in enumerate(nodes)}
-    n = len(nodes)
-    has_matrix = net.has("node_matrix_gb_per_s")
     # A pair of nodes runs at the slower end: per-node level figures (nominal, or fitted) and NIC caps.
     level = np.array([inter_nominal if v is None else v for v in fits.inter_gb_per_s])
-    nic = np.full(n, np.inf)
     intra = [np.full((node.num_gpus, node.num_gpus), intra_nominal if v is None else v)
              for node, v in zip(nodes, fits.intra_gb_per_s)]
+    nic = _per_node_figures(net, index, intra)
+    inter = (_matrix(net, "node_matrix_gb_per_s", len(nodes)) if net.has("node_matrix_gb_per_s")
+             else _leaf_groups(net, np.minimum.outer(level, level)))
+    inter = np.minimum(inter, np.minimum.outer(nic, nic))
+    _node_pairs(net, index, inter)
+    for a, b, value in measured.sendrecv_pairs(net, index, base_dir):
+        inter[a, b] = inter[b, a] = value
+    for k, matrix in measured.topo_matrices(net, nodes, gpu_types, base_dir).items():
+        intra[k] = matrix
+    np.fill_diagonal(inter, np.inf)
+    pairs = _gpu_level_figures(net, nodes, intra, inter)
+    net.done()
+    for m in intra:
+        np.fill_diagonal(m, np.inf)
+    return Cluster(gpu_types=gpu_types, nodes=nodes, intra_gb_per_s=tuple(intra), inter_gb_per_s=inter,
+                   gpu_pair_gb_per_s=pairs, intra_latency_s=intra_latency, inter_latency_s=inter_latency,
+                   nominal_levels=(all(v is None for v in fits.intra_gb_per_s),
+                                   all(v is None for v in fits.inter_gb_per_s)))
+
+
+def _per_node_figures(net: Section, index: dict[str, int], intra: list[np.ndarray]) -> np.ndarray:
+    """`network.nodes`: a node's NIC figure (returned, inf where none is given) and its intra-node figure
+    (written into `intra`)."""
+    nic = np.full(len(index), np.inf)
     for i, item in enumerate(net.items("nodes", default=[], non_empty=False)):
         ns = Section(item, net.file, f"cluster.network.nodes[{i}]")
         name = ns.string("node")
@@ -128,8 +149,11 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
         if ns.has("intra_node_gb_per_s"):
             intra[index[name]][:] = ns.number("intra_node_gb_per_s")
         ns.done()
-    inter = _matrix(net, "node_matrix_gb_per_s", n) if has_matrix else _leaf_groups(net, np.minimum.outer(level, level))
-    inter = np.minimum(inter, np.minimum.outer(nic, nic))
+    return nic
+
+
+def _node_pairs(net: Section, index: dict[str, int], inter: np.ndarray) -> None:
+    """`network.node_pairs`: one figure for a pair of nodes, both directions, written into `inter`."""
     for i, item in enumerate(net.items("node_pairs", default=[], non_empty=False)):
         ps = Section(item, net.file, f"cluster.network.node_pairs[{i}]")
         pair = ps.items("nodes")
@@ -139,39 +163,39 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
         ps.done()
         a, b = index[pair[0]], index[pair[1]]
         inter[a, b] = inter[b, a] = value
-    for a, b, value in measured.sendrecv_pairs(net, index, base_dir):
-        inter[a, b] = inter[b, a] = value
-    for k, matrix in measured.topo_matrices(net, nodes, gpu_types, base_dir).items():
-        intra[k] = matrix
-    np.fill_diagonal(inter, np.inf)
+
+
+def _gpu_level_figures(net: Section, nodes: tuple[Node, ...], intra: list[np.ndarray],
+                       inter: np.ndarray) -> dict[tuple[int, int], float]:
+    """`gpu_matrix_gb_per_s` and `gpu_pairs`: figures inside a node go into `intra`; pairs across nodes that
+    differ from their node pair's figure are returned, keyed by (lower, higher) global GPU index."""
+    index = {n.name: i for i, n in enumerate(nodes)}
     offsets = np.concatenate([[0], np.cumsum([node.num_gpus for node in nodes])])
-    total = int(offsets[-1])
-
-    def gpu(name: object, field: str, ps: Section) -> int:
-        node, _, local = str(name).partition(":")
-        if node not in index or not local.isdigit() or int(local) >= nodes[index[node]].num_gpus:
-            raise ps.error(field, f"expected a GPU as \"node:local_index\" of a listed node, got {name!r}")
-        return int(offsets[index[node]]) + int(local)
-
-    node_of_gpu = np.repeat(np.arange(n), [node.num_gpus for node in nodes])
+    node_of_gpu = np.repeat(np.arange(len(nodes)), [node.num_gpus for node in nodes])
     pairs: dict[tuple[int, int], float] = {}
     if net.has("gpu_matrix_gb_per_s"):
-        full = _matrix(net, "gpu_matrix_gb_per_s", total)
-        for k in range(n):
-            lo, hi = offsets[k], offsets[k + 1]
-            intra[k] = full[lo:hi, lo:hi].copy()
-        for a in range(total):
-            for b in range(a + 1, total):
+        full = _matrix(net, "gpu_matrix_gb_per_s", int(offsets[-1]))
+        for k in range(len(nodes)):
+            intra[k] = full[offsets[k]:offsets[k + 1], offsets[k]:offsets[k + 1]].copy()
+        for a in range(int(offsets[-1])):
+            for b in range(a + 1, int(offsets[-1])):
                 na, nb = node_of_gpu[a], node_of_gpu[b]
                 slower = min(full[a, b], full[b, a])  # the pair's figure (Cluster.__post_init__)
                 if na != nb and slower != min(inter[na, nb], inter[nb, na]):
                     pairs[(a, b)] = float(slower)
+
+    def gpu(name: object, ps: Section) -> int:
+        node, _, local = str(name).partition(":")
+        if node not in index or not local.isdigit() or int(local) >= nodes[index[node]].num_gpus:
+            raise ps.error("gpus", f"expected a GPU as \"node:local_index\" of a listed node, got {name!r}")
+        return int(offsets[index[node]]) + int(local)
+
     for i, item in enumerate(net.items("gpu_pairs", default=[], non_empty=False)):
         ps = Section(item, net.file, f"cluster.network.gpu_pairs[{i}]")
         pair = ps.items("gpus")
         if len(pair) != 2:
             raise ps.error("gpus", f"expected two GPUs, got {pair!r}")
-        a, b = gpu(pair[0], "gpus", ps), gpu(pair[1], "gpus", ps)
+        a, b = gpu(pair[0], ps), gpu(pair[1], ps)
         if a == b:
             raise ps.error("gpus", f"expected two different GPUs, got {pair!r}")
         value = ps.number("gb_per_s")
@@ -182,10 +206,4 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
             intra[na][la, lb] = intra[na][lb, la] = value
         else:
             pairs[(min(a, b), max(a, b))] = value
-    net.done()
-    for m in intra:
-        np.fill_diagonal(m, np.inf)
-    return Cluster(gpu_types=gpu_types, nodes=nodes, intra_gb_per_s=tuple(intra), inter_gb_per_s=inter,
-                   gpu_pair_gb_per_s=pairs, intra_latency_s=intra_latency, inter_latency_s=inter_latency,
-                   nominal_levels=(all(v is None for v in fits.intra_gb_per_s),
-                                   all(v is None for v in fits.inter_gb_per_s)))
+    return pairs
