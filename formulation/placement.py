@@ -6,7 +6,7 @@ Ranks follow Megatron-LM's default order `tp-cp-dp-pp` (tp varies fastest):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 
 import numpy as np
@@ -15,8 +15,13 @@ from formulation.errors import InputError, Section
 from formulation.inputs.job import RECOMPUTE_CHOICES, ZERO_STAGES
 
 
-@dataclass(frozen=True)
-class Placement:
+@dataclass(frozen=True, order=True)
+class Config:
+    """The choices that are not the map: parallel sizes, micro-batch, interleaving, recompute, sharding.
+
+    A field added here with a default must be `field(default=..., kw_only=True)`: `Placement` extends this
+    class with fields that have none, and existing positional calls keep their meaning."""
+
     tp: int
     pp: int
     cp: int
@@ -25,8 +30,34 @@ class Placement:
     micro_batch_size: int
     recompute: str
     zero_stage: int
+
+    def sizes(self) -> str:
+        """The parallel sizes, the one spelling every table, title and message uses."""
+        return f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp}"
+
+    def describe(self) -> str:
+        return (f"{self.sizes()} vpp={self.vpp} mbs={self.micro_batch_size} recompute={self.recompute} "
+                f"zero={self.zero_stage}")
+
+    def config_key(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(Config))
+
+
+@dataclass(frozen=True)
+class Placement(Config):
+    """A configuration with its layer partition and the GPU of every rank."""
+
     layers_per_stage: tuple[int, ...]
     gpus: tuple[int, ...]  # global GPU index of every rank, in tp-cp-dp-pp order
+
+    @classmethod
+    def of(cls, config: Config, layers_per_stage, gpus) -> "Placement":
+        return cls(**{f.name: getattr(config, f.name) for f in fields(Config)},
+                   layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
+
+    @property
+    def config(self) -> Config:
+        return Config(*self.config_key())
 
     @property
     def world_size(self) -> int:
@@ -53,12 +84,9 @@ class Placement:
     def stage_gpus(self, stage: int) -> np.ndarray:
         return self.grid[stage].reshape(-1)
 
-    def config_key(self) -> tuple:
-        return (self.tp, self.pp, self.cp, self.dp, self.vpp, self.micro_batch_size, self.recompute, self.zero_stage)
-
     def summary(self) -> str:
         """The choices on one line, in the ecosystem's words."""
-        return (f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp} vpp={self.vpp} "
+        return (f"{self.sizes()} vpp={self.vpp} "
                 f"micro_batch_size={self.micro_batch_size} recompute={self.recompute} zero_stage={self.zero_stage} "
                 f"layers_per_stage={list(self.layers_per_stage)}")
 

@@ -3,27 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Iterator
 
 from formulation.physics.memory import memory_coefficients, stage_memory
-from formulation.placement import Placement
-
-
-@dataclass(frozen=True, order=True)
-class Config:
-    tp: int
-    pp: int
-    cp: int
-    dp: int
-    vpp: int
-    micro_batch_size: int
-    recompute: str
-    zero_stage: int
-
-    def describe(self) -> str:
-        return (f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp} vpp={self.vpp} mbs={self.micro_batch_size} "
-                f"recompute={self.recompute} zero={self.zero_stage}")
+from formulation.placement import Config, Placement
 
 
 def divisors(n: int) -> list[int]:
@@ -78,9 +61,7 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
 
 
 def placement_for(config: Config, layers_per_stage, gpus) -> Placement:
-    return Placement(tp=config.tp, pp=config.pp, cp=config.cp, dp=config.dp, vpp=config.vpp,
-                     micro_batch_size=config.micro_batch_size, recompute=config.recompute,
-                     zero_stage=config.zero_stage, layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
+    return Placement.of(config, layers_per_stage, gpus)
 
 
 def layer_capacity(instance, placement: Placement, stage: int, gpu_type) -> int:

@@ -27,13 +27,12 @@ def irregular():
 def test_annealing_the_configuration_the_bound_favours_finds_the_better_placement(irregular):
     """The better placement's configuration is the one with the lowest lower bound; annealed from its default
     map for the moves the search gives each configuration, it gets there (deterministic per seed)."""
-    from formulation.space import Config
     from solvers.bounds.configs import lower_bound
     from solvers.local.annealing import anneal
     from solvers.search.close_gap import ANNEAL_MOVES
 
     instance, better = irregular
-    config = Config(*load_placement(REPRO / "search_irregular_8x8_better.json", instance).config_key())
+    config = load_placement(REPRO / "search_irregular_8x8_better.json", instance).config
     found = anneal(instance, config, seed=0, max_moves=ANNEAL_MOVES)
     assert found.estimate.iteration_time_s <= better.iteration_time_s * (1 + 1e-9)
     assert lower_bound(instance, config) <= found.estimate.iteration_time_s

@@ -20,3 +20,20 @@ def test_a_huge_micro_batch_limit_gives_the_space_of_the_batch_itself():
     huge = small_instance_dict(2, 4, global_batch_size=16)
     huge["training"]["max_micro_batch_size"] = 10**300
     assert list(configurations(build_instance(huge))) == list(configurations(build_instance(capped)))
+
+
+def test_a_placement_is_its_configuration_plus_the_map():
+    """One type for the choices: a placement built from a configuration gives it back, field for field, and
+    a plan file's placement round-trips through it."""
+    from formulation.placement import Config, Placement
+    from formulation.space import placement_for
+    instance = build_instance(small_instance_dict(2, 4, global_batch_size=16))
+    configs = list(configurations(instance))
+    assert configs
+    for config in configs:
+        world = config.tp * config.pp * config.cp * config.dp
+        placement = placement_for(config, (1,) * config.pp, range(world))
+        assert isinstance(placement, Config) and type(placement.config) is Config
+        assert placement.config == config and placement.config_key() == config.config_key()
+        assert placement.describe() == config.describe()
+        assert Placement.of(placement.config, placement.layers_per_stage, placement.gpus) == placement

@@ -32,10 +32,7 @@ class _Builder:
         self.inst, self.c = instance, config
         self.cluster = instance.cluster
         self.prog = Program(config=config, classes=instance.cluster.uniform_classes())
-        self.template = Placement(tp=config.tp, pp=config.pp, cp=config.cp, dp=config.dp, vpp=config.vpp,
-                                  micro_batch_size=config.micro_batch_size, recompute=config.recompute,
-                                  zero_stage=config.zero_stage,
-                                  layers_per_stage=(1,) * config.pp, gpus=tuple(range(self._world())))
+        self.template = Placement.of(config, (1,) * config.pp, range(self._world()))
         self.class_node = [int(self.cluster.gpu_node[cls[0]]) for cls in self.prog.classes]
         bws = set()
         for u, cls in enumerate(self.prog.classes):

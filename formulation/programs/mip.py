@@ -86,9 +86,7 @@ class Program:
         for i in range(c.pp):
             options = [(values[v], q) for (stage, q), v in self.layers.items() if stage == i]
             layers.append(max(options)[1])
-        return Placement(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp, vpp=c.vpp, micro_batch_size=c.micro_batch_size,
-                         recompute=c.recompute, zero_stage=c.zero_stage, layers_per_stage=tuple(layers),
-                         gpus=tuple(gpus))
+        return Placement.of(c, layers, gpus)
 
 
 def _holds(lhs: float, sense: str, rhs: float) -> bool:

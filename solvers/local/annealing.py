@@ -75,10 +75,6 @@ class AnnealResult:
     history: list = field(default_factory=list)  # (seconds since start, best iteration time) when the best improves
 
 
-def config_of(placement: Placement) -> Config:
-    return Config(*placement.config_key())
-
-
 def feasible_split(scorer: FastScorer) -> list[int] | None:
     """A memory-feasible partition for the scorer's GPU map: the even split (in whole chunks of vpp layers)
     clipped to each stage's capacity, the remainder given to the stages with the most room. None if none fits."""
@@ -110,8 +106,8 @@ def start_scorer(instance, config: Config, start: Placement | None = None) -> Fa
     N = instance.cluster.num_gpus
     world = config.tp * config.pp * config.cp * config.dp
     if start is not None:
-        if config_of(start) != config:
-            raise ValueError(f"start placement is for {config_of(start).describe()}, not {config.describe()}")
+        if start.config != config:
+            raise ValueError(f"start placement is for {start.config.describe()}, not {config.describe()}")
         used = set(start.gpus)
         layers, perm = list(start.layers_per_stage), list(start.gpus) + [g for g in range(N) if g not in used]
     else:

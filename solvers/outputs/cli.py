@@ -88,32 +88,50 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
-def run(argv: list[str]) -> int:
+def _validate_command(argv: list[str]) -> int:
     # Subcommands import their modules on demand: validation pulls in scipy, which `solve --help` should not wait for.
-    if argv and argv[0] in ("validate", "calibrate"):
-        from solvers.validation import validate
-        return validate.main(argv[0], argv[1:])
-    if argv and argv[0] == "sweep":
-        from solvers.sweep import run as sweep
-        return sweep.main(argv[1:])
-    if argv and argv[0] == "ingest":
-        return _ingest(argv[1:])
-    if argv and argv[0] == "bench":
-        from solvers.validation import bench
-        return bench.main(argv[1:])
-    args = _parser().parse_args(argv)
+    from solvers.validation import validate
+    return validate.main(argv[0], argv[1:])
+
+
+def _sweep_command(argv: list[str]) -> int:
+    from solvers.sweep import run as sweep
+    return sweep.main(argv[1:])
+
+
+def _bench_command(argv: list[str]) -> int:
+    from solvers.validation import bench
+    return bench.main(argv[1:])
+
+
+_SUBCOMMANDS = {"validate": _validate_command, "calibrate": _validate_command, "sweep": _sweep_command,
+                "bench": _bench_command, "ingest": lambda argv: _ingest(argv[1:])}
+
+
+def _argument_problem(args) -> str | None:
+    """What is wrong with the flags taken together (argparse checks each alone), as the line to print."""
     if args.top < 1:
-        return _fail(EXIT_BAD_INPUT, f"--top: expected a positive integer, got {args.top}")
+        return f"--top: expected a positive integer, got {args.top}"
     if args.objective == "gpus" and not (args.required_tokens_per_s and args.required_tokens_per_s > 0):
-        return _fail(EXIT_BAD_INPUT, "--required-tokens-per-s: expected a positive throughput with --objective gpus")
+        return "--required-tokens-per-s: expected a positive throughput with --objective gpus"
     if args.solver is not None and (args.method is not None or args.backend is not None):
-        return _fail(EXIT_BAD_INPUT, "--solver: give either --solver or --method/--backend, not both")
-    args.method, args.backend = strategy(args.solver, args.method or "auto", args.backend or "auto")
-    if args.objective != "time" and args.method not in ("auto", "exact"):
-        return _fail(EXIT_BAD_INPUT, f"--objective {args.objective}: needs --method auto or exact, "
-                                     f"not {args.method}")
+        return "--solver: give either --solver or --method/--backend, not both"
+    method, _ = strategy(args.solver, args.method or "auto", args.backend or "auto")
+    if args.objective != "time" and method not in ("auto", "exact"):
+        return f"--objective {args.objective}: needs --method auto or exact, not {method}"
     if args.time_limit is not None and args.time_limit <= 0:
-        return _fail(EXIT_BAD_INPUT, f"--time-limit: expected a positive number of seconds, got {args.time_limit}")
+        return f"--time-limit: expected a positive number of seconds, got {args.time_limit}"
+    return None
+
+
+def run(argv: list[str]) -> int:
+    if argv and argv[0] in _SUBCOMMANDS:
+        return _SUBCOMMANDS[argv[0]](argv)
+    args = _parser().parse_args(argv)
+    problem = _argument_problem(args)
+    if problem:
+        return _fail(EXIT_BAD_INPUT, problem)
+    args.method, args.backend = strategy(args.solver, args.method or "auto", args.backend or "auto")
     try:
         instance = load_instance(args.instance)
         if args.calibration:
@@ -185,8 +203,7 @@ def _print_plan(instance, result, console) -> None:
         print_tables([islands_table(s.islands)], console)
     _print_default_comparison(instance, result, console)
     for rank, (p, e) in enumerate(result.alternatives, start=2):
-        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp} vpp={p.vpp} "
-                      f"mbs={p.micro_batch_size} recompute={p.recompute} zero={p.zero_stage}")
+        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  {p.describe()}")
 
 
 def _print_default_comparison(instance, result, console) -> None:

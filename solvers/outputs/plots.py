@@ -119,7 +119,7 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
     overview.set_xlabel("time [s]")
     name = f"interleaved 1F1B, vpp={p.vpp}" if p.vpp > 1 else "1F1B"
     overview.set_title(f"{instance.name}: one iteration, {name}, {e.num_micro_batches} micro-batches, "
-                       f"tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp}\nsimulated pipeline {sched.makespan_s:.3f} s vs "
+                       f"{p.sizes()}\nsimulated pipeline {sched.makespan_s:.3f} s vs "
                        f"estimate {predicted:.3f} s (compute + bubble + tp/cp + pp); afterwards exposed dp sync "
                        f"{b['dp_comm_s']:.3f} s and optimizer {b['optimizer_s']:.3f} s (not drawn)", fontsize=10)
     if zoom:
@@ -176,7 +176,7 @@ def memory_bars(instance, placement, estimate, path) -> Path:
     ax.set_ylabel("memory per GPU [GiB]")
     ax.set_ylim(0, max(max(c for _, c in limits), bottom.max()) * 1.12)
     p = placement
-    ax.set_title(f"{instance.name}: memory per GPU by stage\n(tp={p.tp} pp={p.pp} cp={p.cp} dp={p.dp}, "
+    ax.set_title(f"{instance.name}: memory per GPU by stage\n({p.sizes()}, "
                  f"mbs={p.micro_batch_size}, recompute={p.recompute}, zero={p.zero_stage}); "
                  f"{'fits' if estimate.fits else 'DOES NOT FIT'}", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()  # top component first, as stacked
@@ -313,8 +313,8 @@ def cluster_grid(instance, placement, path) -> Path:
     notes = [f"{cluster.nodes[a].name}-{cluster.nodes[b].name} {value:.0f} vs {expected:.0f}" for a, b, value, expected
              in pairs[:6]]
     bx.set_title("node-pair bandwidth; cyan = slow pair" + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
-    fig.suptitle(f"{instance.name}: {p.world_size} of {cluster.num_gpus} GPUs, tp={p.tp} pp={p.pp} cp={p.cp} "
-                 f"dp={p.dp}; slow = below {SLOW:.0%} of comparable links", fontsize=10)
+    fig.suptitle(f"{instance.name}: {p.world_size} of {cluster.num_gpus} GPUs, {p.sizes()}; "
+                 f"slow = below {SLOW:.0%} of comparable links", fontsize=10)
     return save_figure_atomic(fig, path)
 
 

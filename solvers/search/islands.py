@@ -8,7 +8,6 @@ import time
 
 from formulation.programs.composition import island_tables
 from formulation.physics.memory import stage_memory
-from formulation.space import Config
 
 from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
@@ -20,7 +19,7 @@ def island_report(instance, placement, islands, objective: str = "time") -> list
     """Per island: its GPUs, the stages it hosts, its idle GPUs and the reason they are idle."""
     cluster = instance.cluster
     S = placement.tp * placement.cp * placement.dp
-    tables = island_tables(instance, Config(*placement.config_key()), islands, layer_counts=False)
+    tables = island_tables(instance, placement.config, islands, layer_counts=False)
     stage_of_gpu = {int(g): i for i in range(placement.pp) for g in placement.stage_gpus(i)}
     out = []
     for isl, tb in zip(islands, tables):
