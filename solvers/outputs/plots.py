@@ -247,6 +247,27 @@ def slow_links(cluster) -> tuple[list[int], list[tuple[int, int, float, float]],
     return slow_nic, pairs, slow_gpus
 
 
+def _node_pair_panel(fig, bx, cluster, pairs) -> None:
+    """The inter-node bandwidth matrix beside the GPU map, slow node pairs outlined in cyan."""
+    from matplotlib.patches import Rectangle
+    n = len(cluster.nodes)
+    matrix = cluster.inter_gb_per_s.astype(float).copy()
+    np.fill_diagonal(matrix, np.nan)
+    image = bx.imshow(matrix, cmap="magma", aspect="auto")
+    fig.colorbar(image, ax=bx, label="inter-node GB/s per GPU", shrink=0.8)
+    for a, b, value, expected in pairs:
+        for r, c in ((a, b), (b, a)):
+            bx.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="cyan", linewidth=1.8))
+    bx.set_yticks(range(n), [""] * n)
+    step = max(1, -(-n // 48))  # every node up to 48, else every step-th: the labels stay legible
+    bx.set_xticks(range(0, n, step), [cluster.nodes[i].name for i in range(0, n, step)], rotation=90,
+                  fontsize=7 if n <= 24 else 5)
+    bx.set_xlabel("node" + (f" (every {step}th labelled)" if step > 1 else ""), fontsize=8)
+    notes = [f"{cluster.nodes[a].name}-{cluster.nodes[b].name} {value:.0f} vs {expected:.0f}" for a, b, value, expected
+             in pairs[:6]]
+    bx.set_title("node-pair bandwidth; cyan = slow pair" + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
+
+
 def cluster_grid(instance, placement, path) -> Path:
     """Nodes x GPUs coloured by pipeline stage (text: data-parallel/context/tensor coordinate), next to the
     inter-node bandwidth matrix; slow NICs, slow node pairs and slow intra-node pairs are marked."""
@@ -298,21 +319,7 @@ def cluster_grid(instance, placement, path) -> Path:
         handles.append(Patch(facecolor="white", edgecolor=CRITICAL, linewidth=2, label="node with a slow NIC"))
     fig.legend(handles=handles[:24], loc="outside lower center", ncol=min(6, len(handles)), fontsize=8,
                frameon=False)
-    matrix = cluster.inter_gb_per_s.astype(float).copy()
-    np.fill_diagonal(matrix, np.nan)
-    image = bx.imshow(matrix, cmap="magma", aspect="auto")
-    fig.colorbar(image, ax=bx, label="inter-node GB/s per GPU", shrink=0.8)
-    for a, b, value, expected in pairs:
-        for r, c in ((a, b), (b, a)):
-            bx.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="cyan", linewidth=1.8))
-    bx.set_yticks(range(n), [""] * n)
-    step = max(1, -(-n // 48))  # every node up to 48, else every step-th: the labels stay legible
-    bx.set_xticks(range(0, n, step), [cluster.nodes[i].name for i in range(0, n, step)], rotation=90,
-                  fontsize=7 if n <= 24 else 5)
-    bx.set_xlabel("node" + (f" (every {step}th labelled)" if step > 1 else ""), fontsize=8)
-    notes = [f"{cluster.nodes[a].name}-{cluster.nodes[b].name} {value:.0f} vs {expected:.0f}" for a, b, value, expected
-             in pairs[:6]]
-    bx.set_title("node-pair bandwidth; cyan = slow pair" + ("\n" + ", ".join(notes) if notes else ""), fontsize=8)
+    _node_pair_panel(fig, bx, cluster, pairs)
     fig.suptitle(f"{instance.name}: {p.world_size} of {cluster.num_gpus} GPUs, {p.sizes()}; "
                  f"slow = below {SLOW:.0%} of comparable links", fontsize=10)
     return save_figure_atomic(fig, path)

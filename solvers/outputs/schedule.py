@@ -113,9 +113,14 @@ def simulate_schedule(instance, placement, estimate) -> Schedule:
             raise RuntimeError("schedule simulation deadlocked (inconsistent op order)")
     everything = [op for q in queues for op in q]
     end = max(everything, key=lambda o: o.end)
+    return Schedule(everything, end.end, _critical_path(end))
+
+
+def _critical_path(end: Op) -> list[Op]:
+    """Back from the last op to finish along what held each op up (its stage or its input), marked critical."""
     path, op = [], end
     while op is not None:
         op.critical = True
         path.append(op)
         op = op.cause
-    return Schedule(everything, end.end, path[::-1])
+    return path[::-1]
