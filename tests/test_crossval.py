@@ -113,3 +113,23 @@ def test_ablation_flips_each_term_once_and_restores_it(a100_runs):
     assert [r["term"] for r in rows] == ["(defaults)", *before]
     assert all(r["flipped_to"] == (not before[r["term"]]) for r in rows[1:])
     assert all(r["pooled_median_abs_error"] is not None for r in rows)
+
+
+def test_the_stored_calibration_never_reaches_a_fold(a100_runs, monkeypatch):
+    """The stored calibration was fitted on every source, the held-out one included: a fold must not start
+    from it (with four runs per source only the GEMM efficiency is fitted, so the start's other values
+    would be used as they are). Absurd stored values leave every prediction where it was."""
+    base = {p.run.row: p.iteration_time_s for p in crossval.cross_validate(a100_runs)}
+    real = crossval.gpu_catalog
+
+    def absurd(stack="megatron"):
+        catalog = dict(real(stack))
+        for name, entry in catalog.items():
+            if name != "__default__":
+                catalog[name] = dict(entry, efficiency_half_gflop=5000.0, attention_efficiency=0.05)
+        return catalog
+
+    monkeypatch.setattr(crossval, "gpu_catalog", absurd)
+    moved = {p.run.row: p.iteration_time_s for p in crossval.cross_validate(a100_runs)}
+    assert moved.keys() == base.keys()
+    assert all(moved[row] == pytest.approx(base[row], rel=1e-9) for row in base)

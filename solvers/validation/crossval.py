@@ -3,10 +3,12 @@ refit whatever is fitted on the other sources only, then predict that source.
 
 Rows of one source share hardware, software, flags and authors, so a random split measures interpolation;
 predicting a source that never took part in the fit is what a new user's cluster looks like. What is fitted
-is the per-chip, per-stack efficiency triple of `calibrate` (C1, C2). Each fold's fit starts from the stored
-calibration and runs a Gauss-Newton least-squares fit of the log errors on the fold's own rows to its own
-optimum (the start only saves iterations). A chip and stack with no rows outside the held-out source falls
-back to the chip's Megatron fit of the fold, else the catalog's uncalibrated defaults: what a new user gets.
+is the per-chip, per-stack efficiency triple of `calibrate` (C1, C2). Each fold's fit starts from the
+catalog's defaults (a software stack: from its chip's fit on the same fold) and runs a least-squares fit of
+the log errors on the fold's own rows. Nothing a fold uses has seen the held-out source: with few rows only
+the GEMM efficiency is fitted and the rest keep the start's values, so the start must be clean too. A chip
+and stack with no rows outside the held-out source falls back to the chip's Megatron fit of the fold, else
+the catalog's uncalibrated defaults: what a new user gets.
 """
 
 from __future__ import annotations
@@ -93,12 +95,6 @@ class Prediction:
         return self.iteration_time_s / self.run.measured_iter_s - 1
 
 
-def _stored_start(key: str) -> dict:
-    catalog = gpu_catalog(key.partition("+")[2] or "megatron")
-    chip = key.partition("+")[0]
-    return {k: catalog[chip][k] for k in FITTED}
-
-
 def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adjust=None) -> list[Prediction]:
     """Predict every scored run with parameters fitted on the other sources (`in_sample`: the stored
     calibration, fitted on all of them), and the memory of every run that measured out-of-memory.
@@ -115,7 +111,11 @@ def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adju
             return None
         ident = (key, tuple(sorted(r.row for r in rows)))
         if ident not in cache:
-            cache[ident] = fit_least_squares(rows, _stored_start(key))
+            # The start must not have seen the held-out source: with few rows only the GEMM efficiency
+            # moves and the rest stay at the start. A stack starts from its chip's fit on the same fold.
+            chip = key.partition("+")[0]
+            start = (fit_for(chip, train) if chip != key else None) or defaults
+            cache[ident] = fit_least_squares(rows, start)
         return cache[ident]
 
     families = sorted(set(families) | {source_family(r.source) for r in ooms})
