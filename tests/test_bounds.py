@@ -20,6 +20,7 @@ from formulation import evaluate, instance_from_dict
 from formulation.space import configurations, placement_for
 from solvers.bounds.parts import least_slowest_stage, weakest_cuts
 from solvers.bounds.configs import cut_bound, fast_bound
+from solvers.bounds.work import WorkBound
 
 
 def node_matrix_instance(seed: int, shapes=((4, 1), (3, 2), (2, 3), (2, 2))) -> dict:
@@ -77,6 +78,7 @@ def test_bounds_never_exceed_the_brute_force_optimum_of_their_configuration(seed
     instance = instance_from_dict(node_matrix_instance(seed))
     cluster = instance.cluster
     maps = list(node_level_maps(len(cluster.nodes), cluster.nodes[0].num_gpus))
+    work = WorkBound(instance)
     checked = 0
     for config in configurations(instance):
         best = brute_force_optimum(instance, config, maps)
@@ -85,6 +87,7 @@ def test_bounds_never_exceed_the_brute_force_optimum_of_their_configuration(seed
         fast, cut = fast_bound(instance, config), cut_bound(instance, config)
         assert fast <= cut * (1 + 1e-12)
         assert cut <= best * (1 + 1e-9), (config, cut, best)
+        assert work(config) <= best, (config, work(config), best)
         checked += 1
     assert checked >= 2
 
@@ -156,6 +159,7 @@ def test_refined_bounds_with_a_slow_node_never_exceed_brute_force(seed, shape):
             cut_bound(instance, config)
         assert fast <= refined * (1 + 1e-12) and refined <= cut * (1 + 1e-12)
         assert cut <= best * (1 + 1e-9), (config, cut, best)
+        assert WorkBound(instance)(config) <= best, config
         checked += 1
     assert checked >= 2
 

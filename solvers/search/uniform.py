@@ -26,6 +26,7 @@ from formulation.space import (
 
 from solvers import backends
 from solvers.bounds.configs import cut_bound, lower_bound
+from solvers.bounds.work import WorkBound
 from solvers.local.partition import best_partition
 from solvers.search.close_gap import ANNEAL_MOVES, close_gap  # noqa: F401 (solve() reads ANNEAL_MOVES here)
 
@@ -43,6 +44,7 @@ class Candidate:
     placement: object = None
     estimate: Estimate | None = None
     status: str = "unsolved"
+    caps: list[int] | None = None  # the stages' layer capacities (for the bounds)
 
 
 @dataclass
@@ -64,6 +66,7 @@ class SearchResult:
     gap_annealed: int = 0  # of them, anneals of configurations taken in bound order (close_gap's phase 2)
     started: float = field(default_factory=time.perf_counter)
     history: list = field(default_factory=list)  # (seconds since start, best time) at every improvement
+    unseen_bound_s: float = INF  # (B0) of the configurations a time limit kept from the first pass
 
 
 def _fits_somehow(instance, config: Config) -> tuple[bool, list[int]]:
@@ -129,8 +132,8 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
     kth = _kth_best(candidates, top)
     result.pruned = sum(1 for c in candidates if c.status == "unsolved" and c.lower_bound_s >= kth * (1 - 1e-9))
     best = result.ranked[0].estimate.iteration_time_s
-    # configurations never enumerated have no bound: the honest global bound is then 0
-    result.bound_s = min(_global_bound(candidates), best) if complete else 0.0
+    # configurations the first pass never reached are bounded by their work bound (B0) alone
+    result.bound_s = min(_global_bound(candidates), result.unseen_bound_s, best)
     gap = (best - result.bound_s) / best
     result.status = "optimal" if gap <= 1e-6 else ("timeout" if result.stopped else "feasible")
     result.wall_time_s = time.perf_counter() - start
@@ -138,15 +141,24 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
 
 
 def _enumerate(instance, candidates: list[Candidate], result: SearchResult, deadline: float, top: int) -> bool:
-    """Every configuration: memory pruning, lower bound (B1), the default placement as an upper bound; then (B2)
-    where it matters. False if the time limit ended the enumeration (after a first plan exists)."""
+    """Every configuration: memory pruning, the work bound (B0) and the default placement as an upper bound;
+    then (B1) and (B2) where they matter, most promising first. Every candidate holds a valid lower bound at
+    every moment, so a time limit anywhere leaves an honest global bound. False if the time limit ended the
+    first pass (after a first plan exists); `result.unseen_bound_s` then bounds the configurations not reached."""
     world = instance.cluster.num_gpus
+    work_bound = WorkBound(instance)
+    configs = list(configurations(instance))
     shortfall = None
-    for config in configurations(instance):
+    for index, config in enumerate(configs):
         if time.perf_counter() >= deadline:
             result.stopped = "time limit"
+            result.unseen_bound_s = min(work_bound(c) for c in configs[index:])
             return False
-        fits, caps = _fits_somehow(instance, config)
+        try:
+            fits, caps = _fits_somehow(instance, config)
+        except KeyboardInterrupt:
+            result.unseen_bound_s = min(work_bound(c) for c in configs[index:])
+            raise
         if not fits:
             result.infeasible += 1
             even = placement_for(config, even_split(instance.model.num_layers, config.pp), range(world))
@@ -155,7 +167,8 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
                 shortfall = (excess, f"{config.describe()}, whose stage {stage} exceeds its memory limit by "
                                      f"{excess:.1f} GiB with an even split (and no other split fits)")
             continue
-        cand = Candidate(config, lower_bound(instance, config, caps))
+        cand = Candidate(config, work_bound(config))
+        cand.caps = caps
         split = default_split(instance.model.num_layers, config.pp, config.vpp)
         default = placement_for(config, split, range(world)) if split else None
         if default is not None and memory_feasible(instance, default)[0]:
@@ -171,17 +184,25 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
             raise InfeasibleError("no configuration matches the cluster and batch: global_batch_size must be "
                                   "divisible by some data-parallel size dp (and tp, pp, cp must divide the GPU count)")
         raise InfeasibleError(f"no configuration fits in memory; the closest is {shortfall[1]}")
-    # (B2) costs more than (B1) and matters only where (B1) leaves a configuration able to beat the K-th best
-    # default placement: refine those
-    upper = _kth_best(candidates, top)
-    for cand in candidates:
-        if time.perf_counter() >= deadline:
-            result.stopped = "time limit"  # (B1) stays: still valid, only weaker
-            break
-        if cand.lower_bound_s < upper:
-            cand.lower_bound_s = max(cand.lower_bound_s, cut_bound(instance, cand.config))
-    candidates.sort(key=lambda c: (c.lower_bound_s, c.config))
+    _raise_bounds(instance, candidates, result, deadline, top)
     return True
+
+
+def _raise_bounds(instance, candidates: list[Candidate], result: SearchResult, deadline: float, top: int) -> None:
+    """(B1), then (B2), each only where the bound so far leaves a configuration able to beat the K-th best
+    default placement, smallest bound first (so that a time limit leaves the global bound as high as the
+    time allowed). Each bound is valid alone, so a configuration keeps the larger."""
+    upper = _kth_best(candidates, top)
+    for refine in (lambda c: lower_bound(instance, c.config, c.caps), lambda c: cut_bound(instance, c.config)):
+        candidates.sort(key=lambda c: (c.lower_bound_s, c.config))
+        for cand in candidates:
+            if cand.lower_bound_s >= upper:
+                break  # sorted: no later one can beat the K-th best either
+            if time.perf_counter() >= deadline:
+                result.stopped = "time limit"  # the bounds reached stay: valid, only weaker
+                return
+            cand.lower_bound_s = max(cand.lower_bound_s, refine(cand))
+    candidates.sort(key=lambda c: (c.lower_bound_s, c.config))
 
 
 def _improved(result: SearchResult, value: float) -> None:

@@ -1,0 +1,50 @@
+"""(B0) The work bound: the pipeline's compute alone, a lower bound for every partition and GPU map of a
+configuration that costs microseconds, so a search with a short budget still proves something.
+
+A stage's time per micro-batch is at least its compute (forward, backward, recompute; on the last stage
+the output layer's forward and twice that backward): communication, sync, optimizer and chain only add.
+Over the stages that compute sums to W = L x (f + b) + 3 x out, each term at its smallest over the
+cluster's GPU types (a stage runs at its slowest GPU, which is no faster than the fastest type). The
+schedule (C9) is m x t_max + (sum t - t_max) / vpp = (m - 1/vpp) t_max + (sum t) / vpp, and t_max is at
+least the mean W / pp, so
+
+    T >= W / pp x (m + (pp - 1) / vpp) + the smallest per-iteration overhead of any GPU type.
+
+f, b and out depend only on tp, cp, micro_batch_size and recompute (and the GPU type), so W is computed
+once per such combination. The bound ignores memory: the search applies it to configurations that fit.
+"""
+
+from __future__ import annotations
+
+from formulation.physics.stage import stage_constants
+from formulation.space import Config, placement_for
+
+# Rounding guard: the bound is compared with evaluator times computed in another order of additions.
+_SAFETY = 1 - 1e-9
+
+
+class WorkBound:
+    """(B0) for the configurations of one instance, with W cached per (tp, cp, micro_batch_size, recompute)."""
+
+    def __init__(self, instance):
+        self.instance = instance
+        self._work: dict[tuple, float] = {}
+        self._overhead = min(g.iteration_overhead_s for g in instance.cluster.gpu_types.values())
+
+    def work(self, config: Config) -> float:
+        """W: the compute of one micro-batch summed over all stages, in seconds."""
+        key = (config.tp, config.cp, config.micro_batch_size, config.recompute)
+        if key not in self._work:
+            inst = self.instance
+            world = config.tp * config.pp * config.cp * config.dp
+            p = placement_for(config, (1,) * config.pp, range(world))
+            # the last stage's constants carry the output layer; per-layer terms are the same on every stage
+            ks = [stage_constants(inst, p, config.pp - 1, g) for g in inst.cluster.gpu_types.values()]
+            self._work[key] = (inst.model.num_layers * min(k.f_compute + k.b_compute for k in ks)
+                               + 3 * min(k.output_fwd for k in ks))
+        return self._work[key]
+
+    def __call__(self, config: Config) -> float:
+        m = self.instance.training.global_batch_size // (config.micro_batch_size * config.dp)
+        pipe = self.work(config) / config.pp * (m + (config.pp - 1) / config.vpp)
+        return (pipe + self._overhead) * _SAFETY
