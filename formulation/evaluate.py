@@ -136,7 +136,7 @@ def group_comm(instance, p: Placement, kind: str, links) -> float:
 
 def pipeline_message(instance, p: Placement) -> float:
     """Bytes one pipeline send carries (a micro-batch's activations, split by tp under sequence parallelism)."""
-    sp = p.tp if (instance.training.sequence_parallel and p.tp > 1) else 1
+    sp = instance.training.sequence_parallel_size(p.tp)
     return cost.activation_message_bytes(instance.model, instance.training, p) / sp
 
 

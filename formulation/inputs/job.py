@@ -41,6 +41,11 @@ class TrainingJob:
     tp_comm_overlap: bool = False  # Transformer Engine userbuffers: tp collectives hidden behind GEMMs
     ddp_bucket_params: int = 40_000_000  # Megatron-LM's default gradient bucket
 
+    def sequence_parallel_size(self, tp: int) -> int:
+        """How many ways the norm/residual activations and the pipeline messages are split: tp with sequence
+        parallelism (which needs tp > 1), else 1."""
+        return tp if self.sequence_parallel and tp > 1 else 1
+
     @property
     def bytes_per_param_state(self) -> tuple[float, float, float]:
         """(weights, gradients, optimizer state) bytes per parameter with Adam in mixed precision.

@@ -173,7 +173,7 @@ def elementwise_bytes(model, job, p, gpu_type=None) -> float:
     activation is always split by tp.
     """
     tokens = p.micro_batch_size * job.seq_length / p.cp
-    sp = p.tp if (job.sequence_parallel or p.tp == 1) else 1
+    sp = job.sequence_parallel_size(p.tp)
     h, f = model.hidden_size, model.ffn_hidden_size
     eager = eager_stack(job)
     qk = 1 + model.num_kv_heads / model.num_attention_heads

@@ -78,7 +78,7 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
     """
     seq = job.seq_length / p.cp
     split, replicated, scores = model.activation_terms(seq, p.micro_batch_size)
-    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
+    sp = job.sequence_parallel_size(p.tp)
     if job.flash_attention:
         attention = 4.0 * model.num_attention_heads * seq * p.micro_batch_size / p.tp
     else:
@@ -160,7 +160,7 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
     kept, working = layer_activation_bytes(model, job, p)
     seq = job.seq_length / p.cp
     sbh = seq * p.micro_batch_size * model.hidden_size
-    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
+    sp = job.sequence_parallel_size(p.tp)
     per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1)
     act_fixed = working
     if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input

@@ -55,7 +55,7 @@ def boundary_time(instance, config: Config, src, dst) -> float:
     """(C7) one send between two stages on slots `src` and `dst`, exactly as the evaluator takes it: the
     slowest pair of ranks with the same (dp, cp, tp) coordinate."""
     job, cluster = instance.training, instance.cluster
-    sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
+    sp = job.sequence_parallel_size(config.tp)
     message = cost.activation_message_bytes(instance.model, job, _template(config, src)) / sp
     return max(cost.p2p_time(message, cluster.bandwidth(int(x), int(y)),
                              cluster.gpu_node[x] == cluster.gpu_node[y], cluster) for x, y in zip(src, dst))

@@ -239,7 +239,7 @@ def _p2p_chain(b: _Builder) -> dict[int, float]:
     prog, c, inst, tpl = b.prog, b.c, b.inst, b.template
     if c.pp == 1:
         return {}
-    sp = c.tp if (inst.training.sequence_parallel and c.tp > 1) else 1
+    sp = inst.training.sequence_parallel_size(c.tp)
     message = cost.activation_message_bytes(inst.model, inst.training, tpl) / sp
     m = tpl.num_micro_batches(inst.training.global_batch_size)
     rounds = math.ceil(m / c.pp) if c.vpp == 1 else 1

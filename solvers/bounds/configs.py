@@ -274,7 +274,7 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int], p
         if config.dp > 1:
             cases["dp"] = across(b.cp)
     if P > 1:
-        sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
+        sp = job.sequence_parallel_size(config.tp)
         slow = cost.p2p_time(cost.activation_message_bytes(model, job, p) / sp, cut, False, cluster)
         cases["pp"] = b.pipeline([b.u] * P) + b.chain(max(0.0, slow - b.c_min)) + dp_floor + fixed_part
     if not cases:

@@ -331,7 +331,7 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
         caps = partition_fits(instance, config, max(cluster.gpu_types.values(), key=lambda g: g.memory_gib))[1]
     c_min, c_inter, rounds = 0.0, 0.0, 0
     if P > 1:
-        sp = config.tp if (job.sequence_parallel and config.tp > 1) else 1
+        sp = job.sequence_parallel_size(config.tp)
         message = cost.activation_message_bytes(model, job, p) / sp
         c_inter = cost.p2p_time(message, inter, False, cluster) if inter != INF else INF
         if whole_tp and dp_cap < 2 or intra == INF:  # one tp group per node: stage neighbours on other nodes

@@ -52,7 +52,7 @@ def stage_order(stage: int, pp: int, m: int, vpp: int) -> list[tuple[str, int, i
 def wrap_time(instance, p) -> float:
     """Send time from the last stage back to the first (interleaving), as the evaluator prices p2p (C7)."""
     job, cluster = instance.training, instance.cluster
-    sp = p.tp if (job.sequence_parallel and p.tp > 1) else 1
+    sp = job.sequence_parallel_size(p.tp)
     message = cost.activation_message_bytes(instance.model, job, p) / sp
     return max(cost.p2p_time(message, cluster.bandwidth(int(a), int(b)), cluster.gpu_node[a] == cluster.gpu_node[b],
                              cluster) for a, b in zip(p.stage_gpus(p.pp - 1), p.stage_gpus(0)))
