@@ -18,7 +18,8 @@ from formulation.programs.composition import build_composition, island_tables
 from formulation.programs.islands import find_islands, island_slots
 from formulation.space import placement_for
 from solvers import backends, solve
-from solvers.search.mixed import compose_search, configurations, objective_value
+from solvers.search.mixed import compose_search, configurations
+from solvers.search.objectives import objective_value
 
 from conftest import REPO
 

@@ -31,7 +31,7 @@ from solvers import solve
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables
 from solvers.search.islands import UNITS
-from solvers.search.mixed import objective_value
+from solvers.search.objectives import objective_value
 from solvers.search.uniform import MAX_EXACT_SIZE, NoPlanInTime
 from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
 

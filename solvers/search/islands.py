@@ -11,8 +11,9 @@ from formulation.physics.memory import stage_memory
 
 from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
+from solvers.search.objectives import OBJECTIVES
 
-UNITS = {"time": "s per iteration", "cost": "price per million tokens", "gpus": "GPUs"}
+UNITS = {name: objective.unit for name, objective in OBJECTIVES.items()}
 
 
 def island_report(instance, placement, islands, objective: str = "time") -> list[dict]:

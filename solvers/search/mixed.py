@@ -27,9 +27,10 @@ from formulation.physics import cost
 from formulation.space import Config, placement_for, schedules
 
 from solvers import backends
+from solvers.search.driver import closing_status, kth_best, prunes, record_improvement
+from solvers.search.objectives import OBJECTIVES
 
 INF = float("inf")
-OBJECTIVES = ("time", "cost", "gpus")
 
 
 @dataclass
@@ -63,23 +64,6 @@ class ComposeResult:
     errors: list[str] = field(default_factory=list)
     history: list = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
-
-
-def price_per_s(instance, placement) -> float:
-    """Price of the GPUs a placement uses, per second."""
-    cluster = instance.cluster
-    gpus = placement.gpus
-    return sum(cluster.gpu_type_of(int(g)).price_per_hour for g in gpus) / 3600.0
-
-
-def objective_value(instance, objective: str, placement, estimate: Estimate) -> float:
-    """time: s per iteration; cost: price per million tokens; gpus: GPUs used (ties broken by time outside)."""
-    if objective == "time":
-        return estimate.iteration_time_s
-    if objective == "cost":
-        tokens = instance.training.global_batch_size * instance.training.seq_length
-        return price_per_s(instance, placement) * estimate.iteration_time_s / tokens * 1e6
-    return float(placement.world_size)
 
 
 def configurations(instance, islands: list[Island]):
@@ -254,8 +238,7 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
     proven = [o.value for o in options if o.status == "optimal" and o.value is not None]
     bound = min(open_bounds + proven + [best]) if complete else 0.0
     result.bound = bound
-    gap = (best - bound) / best if best else 0.0
-    result.status = "optimal" if gap <= 1e-6 else ("timeout" if result.stopped else "feasible")
+    _, result.status = closing_status(best, bound, result.stopped)
     result.wall_time_s = time.perf_counter() - start
     return result
 
@@ -283,8 +266,7 @@ def _shortfall(instance, config: Config, tables, best_caps: list[int]) -> tuple[
 
 
 def _kth(options: list[Option], top: int) -> float:
-    values = sorted(o.value for o in options if o.value is not None)
-    return values[top - 1] if len(values) >= top else INF
+    return kth_best((o.value for o in options), top)
 
 
 def _rate(instance, config: Config, stages_on: dict) -> float:
@@ -295,9 +277,8 @@ def _rate(instance, config: Config, stages_on: dict) -> float:
 
 def _solve_options(instance, options, tables_of, result, backend, objective, max_time, deadline, threads, seed,
                    top, progress) -> None:
-    tokens = instance.training.global_batch_size * instance.training.seq_length
     for n, option in enumerate(options):
-        if option.lower_bound >= _kth(options, top) * (1 - 1e-9):
+        if prunes(option.lower_bound, _kth(options, top)):
             result.pruned = sum(1 for o in options[n:])
             break
         if time.perf_counter() >= deadline:
@@ -306,13 +287,8 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
         config = option.config
         tables = tabulate_stages(instance, config, tables_of[config])  # adds the layer-count tables, once
         kth = _kth(options, top)
-        cutoff = None
-        if objective == "time" and kth < INF:
-            cutoff = kth
-        elif objective == "cost" and kth < INF:
-            cutoff = kth * tokens / (_rate(instance, config, option.stages_on) * 1e6)
-        elif objective == "gpus":
-            cutoff = max_time
+        rate = _rate(instance, config, option.stages_on) if option.stages_on else None
+        cutoff = OBJECTIVES[objective].time_cutoff(kth, instance, rate, max_time)
         try:
             comp: Composition = build_composition(instance, config, tables, option.stages_on, cutoff)
         except ValueError:
@@ -327,11 +303,8 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
             est = evaluate(instance, placement)
             if est.fits and (objective != "gpus" or est.iteration_time_s <= max_time * (1 + 1e-12)):
                 option.placement, option.estimate = placement, est
-                option.value = objective_value(instance, objective, placement, est)
-                if objective == "gpus":
-                    option.value += est.iteration_time_s / (10 * max_time)
-                if not result.history or option.value < result.history[-1][1]:
-                    result.history.append((time.perf_counter() - result.started, option.value))
+                option.value = OBJECTIVES[objective].value(instance, placement, est, max_time)
+                record_improvement(result.history, result.started, option.value)
             elif objective == "gpus" and out.status == "optimal":
                 option.status, option.bound = "infeasible", INF  # its fastest plan is too slow
                 continue

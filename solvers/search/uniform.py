@@ -27,6 +27,7 @@ from formulation.space import (
 from solvers import backends
 from solvers.bounds.configs import cut_bound, lower_bound
 from solvers.bounds.work import WorkBound
+from solvers.search.driver import closing_status, kth_best, prunes, record_improvement
 from solvers.local.partition import best_partition
 from solvers.search.close_gap import ANNEAL_MOVES, close_gap  # noqa: F401 (solve() reads ANNEAL_MOVES here)
 
@@ -130,12 +131,11 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
     defaults = [c for c in candidates if c.megatron is not None]
     result.best_default = min(defaults, key=lambda c: (c.megatron[1].iteration_time_s, c.config)) if defaults else None
     kth = _kth_best(candidates, top)
-    result.pruned = sum(1 for c in candidates if c.status == "unsolved" and c.lower_bound_s >= kth * (1 - 1e-9))
+    result.pruned = sum(1 for c in candidates if c.status == "unsolved" and prunes(c.lower_bound_s, kth))
     best = result.ranked[0].estimate.iteration_time_s
     # configurations the first pass never reached are bounded by their work bound (B0) alone
     result.bound_s = min(_global_bound(candidates), result.unseen_bound_s, best)
-    gap = (best - result.bound_s) / best
-    result.status = "optimal" if gap <= 1e-6 else ("timeout" if result.stopped else "feasible")
+    _, result.status = closing_status(best, result.bound_s, result.stopped)
     result.wall_time_s = time.perf_counter() - start
     return result
 
@@ -206,14 +206,11 @@ def _raise_bounds(instance, candidates: list[Candidate], result: SearchResult, d
 
 
 def _improved(result: SearchResult, value: float) -> None:
-    if not result.history or value < result.history[-1][1]:
-        result.history.append((time.perf_counter() - result.started, value))
+    record_improvement(result.history, result.started, value)
 
 
 def _kth_best(candidates: list[Candidate], top: int) -> float:
-    values = sorted(c.proven_s if c.proven_s is not None else c.default_s
-                    for c in candidates if (c.proven_s or c.default_s) is not None)
-    return values[top - 1] if len(values) >= top else INF
+    return kth_best((c.proven_s if c.proven_s is not None else c.default_s for c in candidates), top)
 
 
 def _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed, top,
@@ -229,7 +226,7 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
         # with a time limit, a quarter of what is left at most, so that annealing gets the rest
         refine_until = now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 4 if time_limit_s else INF)
         for cand in candidates if refine else []:
-            if cand.lower_bound_s >= _kth_best(candidates, top) * (1 - 1e-9):
+            if prunes(cand.lower_bound_s, _kth_best(candidates, top)):
                 break
             if time.perf_counter() >= refine_until:
                 if time.perf_counter() >= deadline:
@@ -249,7 +246,7 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
                       solver=solver)
         return
     for cand in candidates:
-        if cand.lower_bound_s >= _kth_best(candidates, top) * (1 - 1e-9):
+        if prunes(cand.lower_bound_s, _kth_best(candidates, top)):
             break
         if time.perf_counter() >= deadline:
             result.stopped = "time limit"

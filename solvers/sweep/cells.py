@@ -31,7 +31,7 @@ from pathlib import Path
 from formulation import InfeasibleError, InputError, instance_from_dict
 from formulation.errors import Section
 from formulation.inputs.instance import read_document
-from solvers.search.mixed import price_per_s
+from solvers.search.objectives import price_per_s
 from solvers.search.uniform import NoPlanInTime
 from solvers.solve import solve
 
