@@ -187,25 +187,8 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
             if shortfall is None or excess < shortfall[0]:
                 shortfall = (excess, why)
             continue
-        usable = [k for k, tb in enumerate(tables) if tb.slots and max(tb.caps) >= v]
         tables_of[config] = tables
-        lb_time = time_lower_bound(instance, config, tables, usable)
-        if objective == "time":
-            options.append(Option(config, lb_time))
-        elif objective == "gpus":
-            if lb_time <= max_time:
-                world = config.tp * config.cp * config.dp * P
-                options.append(Option(config, world + lb_time / (10 * max_time)))  # GPUs first, then time
-        else:
-            types = sorted({tables[k].island.gpu_type for k in usable})
-            room = [sum(len(tables[k].slots) for k in usable if tables[k].island.gpu_type == t) for t in types]
-            for counts in itertools.product(*[range(min(c, P) + 1) for c in room]):
-                if sum(counts) != P:
-                    continue
-                on = {t: n for t, n in zip(types, counts) if n}
-                used = [k for k in usable if tables[k].island.gpu_type in on]
-                lb = time_lower_bound(instance, config, tables, used, on)
-                options.append(Option(config, _rate(instance, config, on) * lb / tokens * 1e6, stages_on=on))
+        options += _options(instance, config, tables, objective, max_time)
     result.candidates = len(options)
     if not options:
         if objective == "gpus" and tables_of:
@@ -221,6 +204,16 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
                        top, progress)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
+    _close(options, result, complete, top, time_limit_s,
+           "no composition fits" if objective != "gpus" else f"no plan reaches {required_tokens_per_s:g} tokens/s")
+    result.wall_time_s = time.perf_counter() - start
+    return result
+
+
+def _close(options: list[Option], result: ComposeResult, complete: bool, top: int, time_limit_s: float | None,
+           nothing: str) -> None:
+    """The ranked plans, the bound (configurations never enumerated have none: then 0) and the status; `nothing`
+    is the message when no program gave a plan."""
     found = sorted((o for o in options if o.estimate is not None), key=lambda o: (o.value, o.estimate.iteration_time_s))
     if not found:
         if result.stopped == "interrupted":
@@ -229,18 +222,40 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
             from solvers.search.uniform import NoPlanInTime
             raise NoPlanInTime(f"no plan within the time limit of {time_limit_s:g} s: {result.solved} composition "
                                f"programs solved, none with a plan yet; allow more time")
-        raise InfeasibleError("no composition fits" if objective != "gpus" else
-                              f"no plan reaches {required_tokens_per_s:g} tokens/s")
+        raise InfeasibleError(nothing)
     result.ranked = found[:top]
     best = found[0].value
     open_bounds = [o.bound if o.bound is not None else o.lower_bound for o in options
                    if o.status not in ("optimal", "infeasible")]
     proven = [o.value for o in options if o.status == "optimal" and o.value is not None]
-    bound = min(open_bounds + proven + [best]) if complete else 0.0
-    result.bound = bound
-    _, result.status = closing_status(best, bound, result.stopped)
-    result.wall_time_s = time.perf_counter() - start
-    return result
+    result.bound = min(open_bounds + proven + [best]) if complete else 0.0
+    _, result.status = closing_status(best, result.bound, result.stopped)
+
+
+def _options(instance, config: Config, tables, objective: str, max_time: float) -> list[Option]:
+    """The programs of one configuration, each with its lower bound in the objective's unit: one for time; one
+    if its time bound can reach the required throughput for gpus (GPUs first, then time); one per vector of
+    stage counts per GPU type for cost (so that the price is a constant of each program)."""
+    P, v = config.pp, config.vpp
+    usable = [k for k, tb in enumerate(tables) if tb.slots and max(tb.caps) >= v]
+    lb_time = time_lower_bound(instance, config, tables, usable)
+    if objective == "time":
+        return [Option(config, lb_time)]
+    if objective == "gpus":
+        world = config.tp * config.cp * config.dp * P
+        return [Option(config, world + lb_time / (10 * max_time))] if lb_time <= max_time else []
+    tokens = instance.training.global_batch_size * instance.training.seq_length
+    types = sorted({tables[k].island.gpu_type for k in usable})
+    room = [sum(len(tables[k].slots) for k in usable if tables[k].island.gpu_type == t) for t in types]
+    options = []
+    for counts in itertools.product(*[range(min(c, P) + 1) for c in room]):
+        if sum(counts) != P:
+            continue
+        on = {t: n for t, n in zip(types, counts) if n}
+        used = [k for k in usable if tables[k].island.gpu_type in on]
+        lb = time_lower_bound(instance, config, tables, used, on)
+        options.append(Option(config, _rate(instance, config, on) * lb / tokens * 1e6, stages_on=on))
+    return options
 
 
 def _shortfall(instance, config: Config, tables, best_caps: list[int]) -> tuple[float, str]:

@@ -219,32 +219,44 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
     """Most promising first, until no remaining lower bound beats the K-th best: exact programs, or (bound-only)
     exactly optimised partitions of the default maps within their own budget (`refine`), then annealing of the
     best configurations' placements (`anneal_moves` per configuration, 0: none)."""
-    world = instance.cluster.num_gpus
-    backend = backends.get(solver)
-    if not exact:
+    if exact:
+        _solve_exactly(instance, candidates, result, solver, deadline, threads, seed, top, progress, program_limit_s)
+        return
+    if refine:
         now = time.perf_counter()
         # with a time limit, a quarter of what is left at most, so that annealing gets the rest
-        refine_until = now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 4 if time_limit_s else INF)
-        for cand in candidates if refine else []:
-            if prunes(cand.lower_bound_s, _kth_best(candidates, top)):
-                break
-            if time.perf_counter() >= refine_until:
-                if time.perf_counter() >= deadline:
-                    result.stopped = "time limit"
-                break
-            result.examined += 1
-            template = placement_for(cand.config, even_split(instance.model.num_layers, cand.config.pp), range(world))
-            better = best_partition(instance, template, solver=solver,
-                                    time_limit_s=min(30.0, refine_until - time.perf_counter()))
-            if better is not None:
-                est = evaluate(instance, better)
-                if est.fits and (cand.default_s is None or est.iteration_time_s < cand.default_s):
-                    cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, better, est
-                    _improved(result, cand.estimate.iteration_time_s)
-        if anneal_moves != 0:
-            close_gap(instance, candidates, result, deadline, seed, top, anneal_moves, _kth_best, _improved,
-                      solver=solver)
-        return
+        _refine_partitions(instance, candidates, result, solver, deadline, top,
+                           now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 4 if time_limit_s else INF))
+    if anneal_moves != 0:
+        close_gap(instance, candidates, result, deadline, seed, top, anneal_moves, _kth_best, _improved,
+                  solver=solver)
+
+
+def _refine_partitions(instance, candidates, result, solver, deadline, top, refine_until) -> None:
+    """Bound-only: the default map of each configuration that may still win, its layers split exactly."""
+    world = instance.cluster.num_gpus
+    for cand in candidates:
+        if prunes(cand.lower_bound_s, _kth_best(candidates, top)):
+            break
+        if time.perf_counter() >= refine_until:
+            if time.perf_counter() >= deadline:
+                result.stopped = "time limit"
+            break
+        result.examined += 1
+        template = placement_for(cand.config, even_split(instance.model.num_layers, cand.config.pp), range(world))
+        better = best_partition(instance, template, solver=solver,
+                                time_limit_s=min(30.0, refine_until - time.perf_counter()))
+        if better is not None:
+            est = evaluate(instance, better)
+            if est.fits and (cand.default_s is None or est.iteration_time_s < cand.default_s):
+                cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, better, est
+                _improved(result, cand.estimate.iteration_time_s)
+
+
+def _solve_exactly(instance, candidates, result, solver, deadline, threads, seed, top, progress,
+                   program_limit_s) -> None:
+    """The exact program of each configuration that may still win, smallest bound first."""
+    backend = backends.get(solver)
     for cand in candidates:
         if prunes(cand.lower_bound_s, _kth_best(candidates, top)):
             break
@@ -263,34 +275,47 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
         out = backend.solve(program, time_limit_s=remaining, threads=threads, seed=seed)
         cand.status = out.status
         if out.values is not None:
-            placement = program.decode(out.values)
-            est = evaluate(instance, placement)
-            if out.status == "optimal" and abs(est.iteration_time_s - out.objective_s) > 1e-6 * est.iteration_time_s:
-                # the program did not price its answer as the referee does (to 1e-6): its optimum proves nothing
-                out = replace(out, status="error", message=f"program objective {out.objective_s:.9g} s, evaluator "
-                                                           f"{est.iteration_time_s:.9g} s: not a proof")
-            if est.fits and (cand.default_s is None or est.iteration_time_s <= cand.default_s):
-                cand.placement, cand.estimate = placement, est
-                _improved(result, cand.estimate.iteration_time_s)
-        if out.status == "optimal":
-            cand.proven_s = cand.bound_s = cand.estimate.iteration_time_s if cand.estimate else INF
-            result.solved += 1
-        elif out.status == "infeasible":
-            cand.bound_s = INF
-        elif out.status == "error":
-            cand.bound_s = cand.lower_bound_s  # nothing proven beyond the cheap bound
-            result.errors.append(f"{cand.config.describe()}: {out.message}")
-        else:  # no proof: the time limit, or the backend gave up on its own (CP-SAT UNKNOWN)
-            cand.bound_s = max(cand.lower_bound_s, out.bound_s or 0.0)
-            if program_limit_s is not None and out.wall_time_s >= 0.9 * program_limit_s:
-                result.errors.append(f"{cand.config.describe()}: its program was not closed within "
-                                     f"{program_limit_s:g} s (auto's limit per program); its bound is kept")
-            elif deadline == INF:
-                result.errors.append(f"{cand.config.describe()}: {solver} ended without a proof ({out.status})")
-            else:
-                result.stopped = "time limit"
+            out = _keep_solution(instance, program, out, cand, result)
+        _record_outcome(cand, out, result, solver, deadline, program_limit_s)
         if progress:
             progress(result.examined, len(candidates), _kth_best(candidates, top), _global_bound(candidates))
+
+
+def _keep_solution(instance, program, out, cand: Candidate, result: SearchResult):
+    """Score the program's answer with the evaluator; keep it if it fits and is no worse. Returns the backend's
+    outcome, turned into an error when the program priced its answer otherwise than the referee (to 1e-6)."""
+    placement = program.decode(out.values)
+    est = evaluate(instance, placement)
+    if out.status == "optimal" and abs(est.iteration_time_s - out.objective_s) > 1e-6 * est.iteration_time_s:
+        # the program did not price its answer as the referee does: its optimum proves nothing
+        out = replace(out, status="error", message=f"program objective {out.objective_s:.9g} s, evaluator "
+                                                   f"{est.iteration_time_s:.9g} s: not a proof")
+    if est.fits and (cand.default_s is None or est.iteration_time_s <= cand.default_s):
+        cand.placement, cand.estimate = placement, est
+        _improved(result, cand.estimate.iteration_time_s)
+    return out
+
+
+def _record_outcome(cand: Candidate, out, result: SearchResult, solver: str, deadline: float,
+                    program_limit_s: float | None) -> None:
+    """What the program proved about its configuration: its optimum, nothing in it, or a bound (and why)."""
+    if out.status == "optimal":
+        cand.proven_s = cand.bound_s = cand.estimate.iteration_time_s if cand.estimate else INF
+        result.solved += 1
+    elif out.status == "infeasible":
+        cand.bound_s = INF
+    elif out.status == "error":
+        cand.bound_s = cand.lower_bound_s  # nothing proven beyond the cheap bound
+        result.errors.append(f"{cand.config.describe()}: {out.message}")
+    else:  # no proof: the time limit, or the backend gave up on its own (CP-SAT UNKNOWN)
+        cand.bound_s = max(cand.lower_bound_s, out.bound_s or 0.0)
+        if program_limit_s is not None and out.wall_time_s >= 0.9 * program_limit_s:
+            result.errors.append(f"{cand.config.describe()}: its program was not closed within "
+                                 f"{program_limit_s:g} s (auto's limit per program); its bound is kept")
+        elif deadline == INF:
+            result.errors.append(f"{cand.config.describe()}: {solver} ended without a proof ({out.status})")
+        else:
+            result.stopped = "time limit"
 
 
 def _global_bound(candidates: list[Candidate]) -> float:
