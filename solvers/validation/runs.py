@@ -95,36 +95,14 @@ def run_from_row(index: int, r: dict) -> Run:
         return skip("parallel configuration (tp, pp) not published")
     tp, pp, dp = _int(r["tp"]), _int(r["pp"]), _int(r["dp"], 1)
     cp, vpp, mbs = _int(r["cp"], 1), _int(r["vp"], 1), _int(r["mbs"], 1)
-    n_gpus, gbs, seq = _int(r["n_gpus"]), _int(r["gbs"]), _int(r["seq"])
+    n_gpus, gbs = _int(r["n_gpus"]), _int(r["gbs"])
     if tp * pp * cp * dp != n_gpus:
         return skip(f"tp x pp x cp x dp = {tp * pp * cp * dp} differs from n_gpus = {n_gpus}")
-    hidden, heads, ffn = _int(r["hidden"]), _int(r["heads"]), _int(r["ffn"])
-    kv = _int(r["kv_heads"], heads)
-    gelu = ffn == 4 * hidden
     old = _is_old_megatron(source)
     recompute_text = (r["recompute"] or "").strip()
     recompute = recompute_text.split("+")[0] if recompute_text else "none"
-    sequence_parallel = not old or "sequence-parallel" in recompute_text
     zero = _int(r["zero"], 0 if old else 1)
-    model = {"name": name, "num_hidden_layers": _int(r["layers"]), "hidden_size": hidden, "intermediate_size": ffn,
-             "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": _int(r["vocab"]),
-             "hidden_act": "gelu" if gelu else "silu", "dropout": gelu and old}
-    per_node = _int(r["gpus_per_node"], 8)
-    nodes = max(1, math.ceil(n_gpus / per_node))
-    data = {
-        "name": f"row{index}", "description": name, "model": model,
-        "training": {"global_batch_size": gbs, "seq_length": seq, "precision": precision,
-                     "recompute": [recompute], "zero_stage": [zero], "max_micro_batch_size": mbs,
-                     "context_parallel_sizes": [cp], "virtual_pipeline_sizes": [vpp],
-                     "flash_attention": not old, "sequence_parallel": sequence_parallel,
-                     "tp_comm_overlap": "tp-comm-overlap" in r["notes"], "memory_limit_fraction": 1.0,
-                     "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
-                     "torch_compile": "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"]},
-        "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
-                    "nodes": [{"count": nodes, "prefix": "n", "gpu_type": gpu_type, "gpus": min(per_node, n_gpus)}],
-                    "network": {"intra_node_gb_per_s": float(r["intra_node_gb_per_s"]),
-                                "inter_node_gb_per_s": float(r["inter_node_gb_per_s"])}},
-    }
+    data = _instance_data(index, r, precision, recompute, zero, old)
     try:
         instance = instance_from_dict(data, f"runs row {index}")
     except ValueError as exc:
@@ -141,6 +119,36 @@ def run_from_row(index: int, r: dict) -> Run:
         return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
     return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
                   "measured_how": how})
+
+
+def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: int, old: bool) -> dict:
+    """The instance a row describes: its model, its job as the source ran it, and a uniform cluster of its GPU
+    type with the row's link figures. Old Megatron-LM (2020-21) ran without flash attention and sequence
+    parallelism (unless the row says so) and with GPT-style dropout."""
+    name, gpu_type = r["model"].strip(), r["gpu_type"].strip()
+    n_gpus, mbs = _int(r["n_gpus"]), _int(r["mbs"], 1)
+    hidden, heads, ffn = _int(r["hidden"]), _int(r["heads"]), _int(r["ffn"])
+    gelu = ffn == 4 * hidden
+    model = {"name": name, "num_hidden_layers": _int(r["layers"]), "hidden_size": hidden, "intermediate_size": ffn,
+             "num_attention_heads": heads, "num_key_value_heads": _int(r["kv_heads"], heads),
+             "vocab_size": _int(r["vocab"]), "hidden_act": "gelu" if gelu else "silu", "dropout": gelu and old}
+    per_node = _int(r["gpus_per_node"], 8)
+    return {
+        "name": f"row{index}", "description": name, "model": model,
+        "training": {"global_batch_size": _int(r["gbs"]), "seq_length": _int(r["seq"]), "precision": precision,
+                     "recompute": [recompute], "zero_stage": [zero], "max_micro_batch_size": mbs,
+                     "context_parallel_sizes": [_int(r["cp"], 1)], "virtual_pipeline_sizes": [_int(r["vp"], 1)],
+                     "flash_attention": not old,
+                     "sequence_parallel": not old or "sequence-parallel" in (r["recompute"] or ""),
+                     "tp_comm_overlap": "tp-comm-overlap" in r["notes"], "memory_limit_fraction": 1.0,
+                     "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
+                     "torch_compile": "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"]},
+        "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
+                    "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n", "gpu_type": gpu_type,
+                               "gpus": min(per_node, n_gpus)}],
+                    "network": {"intra_node_gb_per_s": float(r["intra_node_gb_per_s"]),
+                                "inter_node_gb_per_s": float(r["inter_node_gb_per_s"])}},
+    }
 
 
 def _measured_time(r: dict, instance: Instance, n_gpus: int) -> tuple[float | None, str]:
