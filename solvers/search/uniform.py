@@ -145,39 +145,19 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
     then (B1) and (B2) where they matter, most promising first. Every candidate holds a valid lower bound at
     every moment, so a time limit anywhere leaves an honest global bound. False if the time limit ended the
     first pass (after a first plan exists); `result.unseen_bound_s` then bounds the configurations not reached."""
-    world = instance.cluster.num_gpus
     work_bound = WorkBound(instance)
     configs = list(configurations(instance))
     shortfall = None
     for index, config in enumerate(configs):
-        if time.perf_counter() >= deadline:
-            result.stopped = "time limit"
-            result.unseen_bound_s = min(work_bound(c) for c in configs[index:])
-            return False
         try:
-            fits, caps = _fits_somehow(instance, config)
-        except KeyboardInterrupt:
+            if time.perf_counter() >= deadline:
+                result.stopped = "time limit"
+                result.unseen_bound_s = min(work_bound(c) for c in configs[index:])
+                return False
+            shortfall = _first_pass(instance, config, candidates, result, work_bound, shortfall)
+        except KeyboardInterrupt:  # Ctrl-C: what was not reached keeps its (B0), so the bound stays honest
             result.unseen_bound_s = min(work_bound(c) for c in configs[index:])
             raise
-        if not fits:
-            result.infeasible += 1
-            even = placement_for(config, even_split(instance.model.num_layers, config.pp), range(world))
-            _, excess, stage = memory_feasible(instance, even)
-            if shortfall is None or excess < shortfall[0]:
-                shortfall = (excess, f"{config.describe()}, whose stage {stage} exceeds its memory limit by "
-                                     f"{excess:.1f} GiB with an even split (and no other split fits)")
-            continue
-        cand = Candidate(config, work_bound(config))
-        cand.caps = caps
-        split = default_split(instance.model.num_layers, config.pp, config.vpp)
-        default = placement_for(config, split, range(world)) if split else None
-        if default is not None and memory_feasible(instance, default)[0]:
-            est = evaluate(instance, default, check=False)
-            if est.fits:
-                cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, default, est
-                cand.megatron = (default, est)
-                _improved(result, cand.estimate.iteration_time_s)
-        candidates.append(cand)
     result.candidates = len(candidates)
     if not candidates:
         if shortfall is None:
@@ -186,6 +166,33 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
         raise InfeasibleError(f"no configuration fits in memory; the closest is {shortfall[1]}")
     _raise_bounds(instance, candidates, result, deadline, top)
     return True
+
+
+def _first_pass(instance, config: Config, candidates: list[Candidate], result: SearchResult, work_bound,
+                shortfall):
+    """One configuration: skipped if no partition fits (the closest miss kept for the message: returned), else a
+    candidate with its (B0) and its default placement's time."""
+    world = instance.cluster.num_gpus
+    fits, caps = _fits_somehow(instance, config)
+    if not fits:
+        result.infeasible += 1
+        even = placement_for(config, even_split(instance.model.num_layers, config.pp), range(world))
+        _, excess, stage = memory_feasible(instance, even)
+        if shortfall is None or excess < shortfall[0]:
+            shortfall = (excess, f"{config.describe()}, whose stage {stage} exceeds its memory limit by "
+                                 f"{excess:.1f} GiB with an even split (and no other split fits)")
+        return shortfall
+    cand = Candidate(config, work_bound(config), caps=caps)
+    split = default_split(instance.model.num_layers, config.pp, config.vpp)
+    default = placement_for(config, split, range(world)) if split else None
+    if default is not None and memory_feasible(instance, default)[0]:
+        est = evaluate(instance, default, check=False)
+        if est.fits:
+            cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, default, est
+            cand.megatron = (default, est)
+            _improved(result, cand.estimate.iteration_time_s)
+    candidates.append(cand)
+    return shortfall
 
 
 def _raise_bounds(instance, candidates: list[Candidate], result: SearchResult, deadline: float, top: int) -> None:
