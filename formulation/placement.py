@@ -43,6 +43,11 @@ class Config:
         return tuple(getattr(self, f.name) for f in fields(Config))
 
 
+def _choices(config: Config) -> dict:
+    """The configuration's fields by name (keyword-only ones included)."""
+    return {f.name: getattr(config, f.name) for f in fields(Config)}
+
+
 @dataclass(frozen=True)
 class Placement(Config):
     """A configuration with its layer partition and the GPU of every rank."""
@@ -52,12 +57,11 @@ class Placement(Config):
 
     @classmethod
     def of(cls, config: Config, layers_per_stage, gpus) -> "Placement":
-        return cls(**{f.name: getattr(config, f.name) for f in fields(Config)},
-                   layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
+        return cls(**_choices(config), layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
 
     @property
     def config(self) -> Config:
-        return Config(*self.config_key())
+        return Config(**_choices(self))
 
     @property
     def world_size(self) -> int:
