@@ -145,6 +145,17 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
     return save_figure_atomic(fig, path)
 
 
+def _close_values(values: list[float], within: float = 3.0) -> list[list[float]]:
+    """Sorted values in groups whose neighbours are less than `within` apart."""
+    groups: list[list[float]] = []
+    for v in values:
+        if groups and v - groups[-1][-1] < within:
+            groups[-1].append(v)
+        else:
+            groups.append([v])
+    return groups
+
+
 def memory_bars(instance, placement, estimate, path) -> Path:
     """Memory per GPU of every stage, stacked by component, against the planner's limit and the capacity."""
     parts = [("weights_gib", "weights", "#4C72B0"), ("gradients_gib", "gradients", "#55A868"),
@@ -160,12 +171,13 @@ def memory_bars(instance, placement, estimate, path) -> Path:
         ax.bar(x, values, bottom=bottom, color=color, label=label, width=0.7)
         bottom += values
     limits = {(s.memory.limit_gib, s.memory.capacity_gib) for s in stages}
-    for limit, capacity in sorted(limits):
-        ax.axhline(limit, color=CRITICAL, linestyle="--", linewidth=1.2)
-        ax.axhline(capacity, color="black", linewidth=1.2)
-        ax.text(len(stages) - 0.5, limit, f" limit {limit:.1f} GiB", va="bottom", ha="right", color=CRITICAL,
-                fontsize=8)
-        ax.text(len(stages) - 0.5, capacity, f" capacity {capacity:.1f} GiB", va="bottom", ha="right", fontsize=8)
+    for values, color, style, name in ((sorted({lim for lim, _ in limits}), CRITICAL, "--", "limit"),
+                                       (sorted({cap for _, cap in limits}), "black", "-", "capacity")):
+        for group in _close_values(values):  # GPU types a few GiB apart share one label, not two overprinted
+            for v in group:
+                ax.axhline(v, color=color, linestyle=style, linewidth=1.2)
+            ax.text(len(stages) - 0.5, max(group), f" {name} {' / '.join(f'{v:.1f}' for v in group)} GiB",
+                    va="bottom", ha="right", color=color, fontsize=8)
     if len(stages) <= 24:
         for i, s in enumerate(stages):
             ax.text(i, s.memory.total_gib, f"{s.memory.total_gib:.1f}", ha="center", va="bottom", fontsize=8,
