@@ -175,8 +175,9 @@ def test_hf_nulls_nesting_and_dropout_probabilities():
     assert not model_from_dict({**gelu, "hidden_dropout": 0.0, "attention_dropout": 0.0}, "c.json", "").dropout
     assert model_from_dict({**base, "attention_dropout": 0.1}, "c.json", "").dropout
     with pytest.raises(InputError) as info:
-        model_from_dict({**base, "text_config": {**base, "num_local_experts": 8}}, "c.json", "")
-    assert info.value.field == "text_config.num_local_experts"
+        model_from_dict({**base, "text_config": {**base, "num_local_experts": 8, "num_experts_per_tok": 2}},
+                        "c.json", "")
+    assert info.value.field == "text_config.num_experts_per_tok" and "mixture-of-experts" in info.value.problem
 
 
 def test_summaries_name_what_the_planner_takes():

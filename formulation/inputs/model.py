@@ -11,6 +11,7 @@ from pathlib import Path
 
 from formulation.data import MODELS_DIR
 from formulation.errors import InputError, Section, decode_text, parse_json
+from formulation.inputs.moe import MOE_IGNORED, LatentAttention, MoE, parameter_counts, read_latent_attention, read_moe
 
 PRESET_DIR = MODELS_DIR
 
@@ -34,7 +35,9 @@ _HF_IGNORED = {
 _HF_DROPOUT = ("hidden_dropout", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
                "attention_probs_dropout_prob")
 _HF_NULLABLE = ("num_key_value_heads", "head_dim")  # written as null by some configs: the default applies
-_MOE_KEYS = {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"}
+# Keys that name an MoE or latent-attention config: the refusal names the first present (sorted)
+_MOE_KEYS = {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+             "kv_lora_rank"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class Model:
     dropout: bool = False  # GPT-style dropout stores 1-byte masks
     learned_position_embeddings: bool = False
     max_position_embeddings: int = 0
+    moe: MoE | None = None  # experts (formulation/inputs/moe.py); None: dense
+    mla: LatentAttention | None = None  # multi-head latent attention; None: standard (GQA) attention
+    mtp_layers: int = 0  # multi-token prediction depths (DeepSeek-V3), counted apart
 
     # ---- parameters -------------------------------------------------------------------------------
     @property
@@ -90,6 +96,8 @@ class Model:
 
     @property
     def total_params(self) -> int:
+        if self.moe or self.mla:
+            return parameter_counts(self).total
         tied_shared = self.vocab_size * self.hidden_size if self.tie_word_embeddings else 0
         return (self.num_layers * (self.layer_matmul_params + self.layer_norm_params) + self.embedding_params
                 + self.output_params - tied_shared + self.hidden_size)
@@ -142,21 +150,19 @@ class Model:
         return split, replicated, scores
 
 
-def model_from_dict(data: dict, file: str, path: str = "model") -> Model:
-    """Build a `Model` from Hugging Face `config.json` fields (strict: unknown keys are errors)."""
+def model_from_dict(data: dict, file: str, path: str = "model", allow_moe: bool = False) -> Model:
+    """Build a `Model` from Hugging Face `config.json` fields (strict: unknown keys are errors). Mixture-of-experts
+    and latent-attention configs load only with `allow_moe` (parameter counts): the cost and memory models do
+    not cover them yet, so planning refuses them."""
     if isinstance(data, dict):  # sizes written as null mean the default
         data = {k: v for k, v in data.items() if not (k in _HF_NULLABLE and v is None)}
     sec = Section(data, file, path)
-    moe = sorted(k for k in _MOE_KEYS if k in data and data[k] not in (None, 0, 1))
-    if moe:
-        raise sec.error(moe[0], f"mixture-of-experts models are not supported yet (got {data[moe[0]]!r}; expert "
-                                "parallelism is planned)")
     if "text_config" in data:
         # Multimodal wrappers (LLaVA, Mllama, ...) nest the language model, which is what is planned; the vision
         # tower is not. The wrapper's name and tie_word_embeddings apply where the text config has none.
         sub = sec.section("text_config")
         inherited = {k: data[k] for k in ("name", "_name_or_path", "tie_word_embeddings") if k in data}
-        return model_from_dict({**inherited, **sub.data}, file, sub.path)
+        return model_from_dict({**inherited, **sub.data}, file, sub.path, allow_moe)
     stem = Path(file).parent.name if Path(file).name == "config.json" else Path(file).stem
     name = sec.string("name", default=sec.data.get("_name_or_path") or stem)
     # GPT-2 names where the config uses them; a size given under neither name is reported by its HF name
@@ -187,13 +193,24 @@ def model_from_dict(data: dict, file: str, path: str = "model") -> Model:
     dropout = sec.boolean("dropout", default=any(p > 0 for p in probabilities) if probabilities else mlp == "gelu")
     learned = sec.boolean("learned_position_embeddings", default=False)
     max_pos = sec.integer("max_position_embeddings", default=0, minimum=0)
+    moe, _ = read_moe(sec, layers, ffn)
+    mla = read_latent_attention(sec)
+    mtp = sec.integer("num_nextn_predict_layers", default=0, minimum=0)
     for key in list(data):
-        if key in _HF_IGNORED:
+        if key in _HF_IGNORED or key in MOE_IGNORED:
             sec.raw(key)
     sec.done()
-    return Model(name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
-                 num_kv_heads=kv_heads, vocab_size=vocab, head_dim=head_dim, tie_word_embeddings=tie, mlp=mlp,
-                 norm=norm, dropout=dropout, learned_position_embeddings=learned, max_position_embeddings=max_pos)
+    model = Model(name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
+                  num_kv_heads=kv_heads, vocab_size=vocab, head_dim=head_dim, tie_word_embeddings=tie, mlp=mlp,
+                  norm=norm, dropout=dropout, learned_position_embeddings=learned, max_position_embeddings=max_pos,
+                  moe=moe, mla=mla, mtp_layers=mtp)
+    if (moe or mla) and not allow_moe:
+        counts = parameter_counts(model)
+        key = next(k for k in sorted(data) if k in _MOE_KEYS and (k != "kv_lora_rank" or not moe))
+        raise sec.error(key, f"mixture-of-experts models are not supported yet (got {data[key]!r}; {name} has "
+                             f"{counts.total / 1e9:.1f}B parameters, {counts.active / 1e9:.1f}B active; planning "
+                             f"needs expert parallelism, whose cost and memory are not modelled yet)")
+    return model
 
 
 def preset_names() -> list[str]:
