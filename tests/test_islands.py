@@ -235,3 +235,31 @@ def test_layer_capacity_is_the_most_layers_that_fit():
                     fitting = [q for q in range(instance.model.num_layers + 1)
                                if stage_memory(instance, p, i, q, gpu_type).fits]
                     assert layer_capacity(instance, p, i, gpu_type) == (max(fitting) if fitting else -1)
+
+
+class _ExpiredClock:
+    """Every reading is 100 s after the last: the search's deadline has passed before its first check."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 100.0
+        return self.now
+
+
+def test_a_budget_too_short_for_any_program_returns_the_default_without_a_bound(monkeypatch):
+    """Mixed types: when the time limit ends the search before any composition program, the plan is the
+    type-blind Megatron default (status timeout, no bound claimed), not an error; the cost objective has no
+    such default and still says that no plan came in time."""
+    import solvers.search.mixed as mixed
+    from solvers.search.uniform import NoPlanInTime
+    instance = instance_from_dict(mixed_dict(4), "<test>", REPO)
+    monkeypatch.setattr(mixed, "time", _ExpiredClock())
+    plan = solve(instance, time_limit=1.0)
+    assert plan.solver.status == "timeout" and plan.solver.bound_s is None and plan.solver.gap is None
+    assert "type-blind Megatron default" in plan.solver.note
+    assert evaluate(instance, plan.placement).iteration_time_s == pytest.approx(plan.estimate.iteration_time_s)
+    assert plan.estimate.fits
+    with pytest.raises(NoPlanInTime):
+        solve(instance, time_limit=1.0, objective="cost")

@@ -7,11 +7,13 @@ from __future__ import annotations
 import time
 
 from formulation.programs.composition import island_tables
+from formulation.programs.islands import find_islands
 from formulation.physics.memory import stage_memory
 
 from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
 from solvers.search.objectives import OBJECTIVES
+from solvers.search.uniform import NoPlanInTime
 
 UNITS = {name: objective.unit for name, objective in OBJECTIVES.items()}
 
@@ -57,8 +59,23 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
 
     start = time.perf_counter()
     backend = solver if solver in ("cbc", "cpsat") else ("cpsat" if backends.available()["cpsat"] else "cbc")
-    found = compose_search(instance, solver=backend, objective=objective, required_tokens_per_s=required_tokens_per_s,
-                           time_limit_s=time_limit, threads=threads, seed=seed, top=top, progress=progress)
+    try:
+        found = compose_search(instance, solver=backend, objective=objective,
+                               required_tokens_per_s=required_tokens_per_s, time_limit_s=time_limit, threads=threads,
+                               seed=seed, top=top, progress=progress)
+    except NoPlanInTime as exc:
+        default = _type_blind_default(instance) if objective == "time" else None
+        if default is None:
+            raise
+        # a short budget still answers: the best Megatron-style default (0.1 s on mixed_256), with no bound
+        report = SolverReport(method=f"islands-{backend}", status="timeout", objective_s=default[1].iteration_time_s,
+                              bound_s=None, gap=None, wall_time_s=time.perf_counter() - start, seed=seed,
+                              note=f"{exc}; the type-blind Megatron default (stages across GPU types) is the plan, "
+                                   f"with no bound", objective=objective,
+                              objective_value=default[1].iteration_time_s, bound_value=None,
+                              islands=island_report(instance, default[0], find_islands(instance.cluster), objective))
+        return PlanResult(placement=default[0], estimate=default[1], solver=report, examined=0, fitting=1,
+                          default=default)
     best = found.ranked[0]
     value = best.value
     default = _type_blind_default(instance)
