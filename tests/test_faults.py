@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import H100_128, REPO, build_instance
+from conftest import H100_128, REPO, JumpingClock, build_instance
 
 H100_1024 = REPO / "instances" / "h100_1024.json"  # searched for several seconds: time to interrupt it
 from formulation import evaluate
@@ -104,20 +104,9 @@ def test_a_tenth_of_a_second_returns_the_plan_so_far_with_the_work_bound():
     assert evaluate(instance, found.ranked[0].placement).fits
 
 
-class _Clock:
-    """A clock for solvers.search.uniform that jumps 100 s per reading: every deadline has passed at once."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        self.now += 100.0
-        return self.now
-
-
 def test_no_plan_at_all_within_the_limit_is_a_clear_error(monkeypatch):
     import solvers.search.uniform as search_module
-    monkeypatch.setattr(search_module, "time", _Clock())
+    monkeypatch.setattr(search_module, "time", JumpingClock())
     with pytest.raises(NoPlanInTime, match="no plan within the time limit"):
         search(_small(), solver="cpsat", time_limit_s=1.0)
 

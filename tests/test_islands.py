@@ -21,7 +21,7 @@ from solvers import backends, solve
 from solvers.search.mixed import compose_search, configurations
 from solvers.search.objectives import objective_value
 
-from conftest import REPO
+from conftest import REPO, JumpingClock
 
 AVAILABLE = backends.available()
 BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
@@ -237,17 +237,6 @@ def test_layer_capacity_is_the_most_layers_that_fit():
                     assert layer_capacity(instance, p, i, gpu_type) == (max(fitting) if fitting else -1)
 
 
-class _ExpiredClock:
-    """Every reading is 100 s after the last: the search's deadline has passed before its first check."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        self.now += 100.0
-        return self.now
-
-
 def test_a_budget_too_short_for_any_program_returns_the_default_without_a_bound(monkeypatch):
     """Mixed types: when the time limit ends the search before any composition program, the plan is the
     type-blind Megatron default (status timeout, no bound claimed), not an error; the cost objective has no
@@ -255,7 +244,7 @@ def test_a_budget_too_short_for_any_program_returns_the_default_without_a_bound(
     import solvers.search.mixed as mixed
     from solvers.search.uniform import NoPlanInTime
     instance = instance_from_dict(mixed_dict(4), "<test>", REPO)
-    monkeypatch.setattr(mixed, "time", _ExpiredClock())
+    monkeypatch.setattr(mixed, "time", JumpingClock())
     plan = solve(instance, time_limit=1.0)
     assert plan.solver.status == "timeout" and plan.solver.bound_s is None and plan.solver.gap is None
     assert "type-blind Megatron default" in plan.solver.note
