@@ -205,12 +205,17 @@ def model_from_dict(data: dict, file: str, path: str = "model", allow_moe: bool 
                   norm=norm, dropout=dropout, learned_position_embeddings=learned, max_position_embeddings=max_pos,
                   moe=moe, mla=mla, mtp_layers=mtp)
     if (moe or mla) and not allow_moe:
-        counts = parameter_counts(model)
-        key = next(k for k in sorted(data) if k in _MOE_KEYS and (k != "kv_lora_rank" or not moe))
-        raise sec.error(key, f"mixture-of-experts models are not supported yet (got {data[key]!r}; {name} has "
-                             f"{counts.total / 1e9:.1f}B parameters, {counts.active / 1e9:.1f}B active; planning "
-                             f"needs expert parallelism, whose cost and memory are not modelled yet)")
+        raise _not_plannable(model, sec)
     return model
+
+
+def _not_plannable(model: Model, sec: Section) -> InputError:
+    """The refusal of an MoE / latent-attention model, naming its first such field and its size."""
+    counts = parameter_counts(model)
+    key = next(k for k in sorted(sec.data) if k in _MOE_KEYS and (k != "kv_lora_rank" or not model.moe))
+    return sec.error(key, f"mixture-of-experts models are not supported yet (got {sec.data[key]!r}; {model.name} "
+                          f"has {counts.total / 1e9:.1f}B parameters, {counts.active / 1e9:.1f}B active; planning "
+                          f"needs expert parallelism, whose cost and memory are not modelled yet)")
 
 
 def preset_names() -> list[str]:

@@ -67,15 +67,7 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
         default = _type_blind_default(instance) if objective == "time" else None
         if default is None:
             raise
-        # a short budget still answers: the best Megatron-style default (0.1 s on mixed_256), with no bound
-        report = SolverReport(method=f"islands-{backend}", status="timeout", objective_s=default[1].iteration_time_s,
-                              bound_s=None, gap=None, wall_time_s=time.perf_counter() - start, seed=seed,
-                              note=f"{exc}; the type-blind Megatron default (stages across GPU types) is the plan, "
-                                   f"with no bound", objective=objective,
-                              objective_value=default[1].iteration_time_s, bound_value=None,
-                              islands=island_report(instance, default[0], find_islands(instance.cluster), objective))
-        return PlanResult(placement=default[0], estimate=default[1], solver=report, examined=0, fitting=1,
-                          default=default)
+        return _default_in_time(instance, default, f"islands-{backend}", str(exc), start, seed)
     best = found.ranked[0]
     value = best.value
     default = _type_blind_default(instance)
@@ -115,6 +107,19 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                       alternatives=[(o.placement, o.estimate) for o in found.ranked[1:]],
                       examined=found.solved, fitting=len(found.ranked), history=found.history, default=default)
+
+
+def _default_in_time(instance, default, method: str, why: str, start: float, seed: int) -> PlanResult:
+    """A budget that ended before any composition program still answers: the best Megatron-style default
+    (0.1 s on mixed_256), status timeout, with no bound."""
+    placement, estimate = default
+    report = SolverReport(method=method, status="timeout", objective_s=estimate.iteration_time_s, bound_s=None,
+                          gap=None, wall_time_s=time.perf_counter() - start, seed=seed,
+                          note=f"{why}; the type-blind Megatron default (stages across GPU types) is the plan, "
+                               f"with no bound", objective="time", objective_value=estimate.iteration_time_s,
+                          bound_value=None,
+                          islands=island_report(instance, placement, find_islands(instance.cluster), "time"))
+    return PlanResult(placement=placement, estimate=estimate, solver=report, examined=0, fitting=1, default=default)
 
 
 def _type_blind_default(instance):
