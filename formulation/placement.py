@@ -88,6 +88,28 @@ class Placement(Config):
     def stage_gpus(self, stage: int) -> np.ndarray:
         return self.grid[stage].reshape(-1)
 
+    # ---- expert groups (mixture-of-experts layers) ----------------------------------------------------------
+    def expert_grid(self, ep: int, etp: int) -> np.ndarray:
+        """GPU indices of the expert layers' ranks as [pp, expert_dp, ep, etp]. Megatron-Core lays the expert
+        groups over the same ranks: each stage's tp x cp x dp ranks are re-split as etp x ep x expert_dp, etp
+        varying fastest (its RankGenerator with cp = 1 and the order tp-ep-dp-pp)."""
+        per_stage = self.tp * self.cp * self.dp
+        if per_stage % (ep * etp):
+            raise ValueError(f"ep x etp = {ep} x {etp} does not divide tp x cp x dp = {per_stage}")
+        return np.asarray(self.gpus).reshape(self.pp, per_stage // (ep * etp), ep, etp)
+
+    def ep_groups(self, stage: int, ep: int, etp: int) -> np.ndarray:
+        """The expert-parallel groups of a stage: the GPUs a token's dispatch and combine cross."""
+        return self.expert_grid(ep, etp)[stage].transpose(0, 2, 1).reshape(-1, ep)
+
+    def expert_tp_groups(self, stage: int, ep: int, etp: int) -> np.ndarray:
+        return self.expert_grid(ep, etp)[stage].reshape(-1, etp)
+
+    def expert_dp_groups(self, stage: int, ep: int, etp: int) -> np.ndarray:
+        """The groups that synchronise the same experts' gradients (expert data parallelism)."""
+        grid = self.expert_grid(ep, etp)[stage]
+        return grid.transpose(1, 2, 0).reshape(-1, grid.shape[0])
+
     def summary(self) -> str:
         """The choices on one line, in the ecosystem's words."""
         return (f"{self.sizes()} vpp={self.vpp} "

@@ -13,9 +13,11 @@ import pytest
 
 from conftest import REPO
 from formulation import default_placement, load_instance
-from frameworks import initialize_model_parallel_groups, rank_generator_groups
+from formulation.placement import Placement
+from frameworks import (EXPERT_GROUP_DESCS, initialize_model_parallel_groups, rank_generator_expert_groups,
+                        rank_generator_groups)
 from solvers.outputs.export import slurm_files, torchrun_script
-from solvers.outputs.launch import (LaunchMismatch, check_groups, megatron_rank_groups, parse_slurm_files,
+from solvers.outputs.launch import (LaunchMismatch, check_groups, megatron_expert_rank_groups, megatron_rank_groups, parse_slurm_files,
                                     parse_torchrun_script, slurm_launch, torchrun_launch)
 
 SHIPPED = sorted((REPO / "instances").glob("*.json"))
@@ -35,6 +37,44 @@ def test_initialize_model_parallel_creates_the_rederived_groups(tp, cp, dp, pp):
     real = initialize_model_parallel_groups(tp, cp, dp, pp)
     assert real == megatron_rank_groups(tp, cp, dp, pp)
     assert all(real[name] for name in ("tp", "cp", "dp", "dp-cp", "pp"))  # every group kind was recorded
+
+
+def _expert_shapes():
+    """(tp, cp, dp, pp, ep, etp) with etp x ep dividing tp x cp x dp, up to 64 ranks."""
+    for tp, cp, dp, pp in itertools.product(SIZES, (1, 2), SIZES, (1, 2, 4)):
+        per_stage = tp * cp * dp
+        if per_stage * pp > 64:
+            continue
+        for ep, etp in itertools.product(SIZES, SIZES):
+            if per_stage % (ep * etp) == 0:
+                yield tp, cp, dp, pp, ep, etp
+
+
+def test_expert_groups_equal_megatrons_rank_generator_and_the_placements_own():
+    """Megatron-Core's expert RankGenerator, the re-derivation, and `Placement`'s expert groups (on the identity
+    map, GPU = rank) agree on every small shape: expert parallelism laid over the same ranks, etp fastest."""
+    checked = 0
+    for tp, cp, dp, pp, ep, etp in _expert_shapes():
+        expert_dp = tp * cp * dp // (ep * etp)
+        derived = megatron_expert_rank_groups(etp, ep, expert_dp, pp)
+        assert derived == rank_generator_expert_groups(etp, ep, expert_dp, pp), (tp, cp, dp, pp, ep, etp)
+        world = tp * cp * dp * pp
+        placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=1, micro_batch_size=1, recompute="none",
+                              zero_stage=1, layers_per_stage=(1,) * pp, gpus=tuple(range(world)))
+        for name, method in (("ep", placement.ep_groups), ("tp", placement.expert_tp_groups),
+                             ("dp", placement.expert_dp_groups)):
+            ours = sorted(sorted(map(int, g)) for s in range(pp) for g in method(s, ep, etp))
+            assert ours == sorted(sorted(g) for g in derived[name]), (name, tp, cp, dp, pp, ep, etp)
+        checked += 1
+    assert checked > 200
+
+
+@pytest.mark.parametrize("tp, cp, dp, pp, ep, etp", [(2, 1, 4, 2, 4, 1), (4, 1, 8, 2, 8, 4), (2, 2, 4, 1, 8, 2),
+                                                     (8, 1, 2, 2, 16, 1)])
+def test_initialize_model_parallel_creates_the_rederived_expert_groups(tp, cp, dp, pp, ep, etp):
+    real = initialize_model_parallel_groups(tp, cp, dp, pp, ep=ep, etp=etp, descs=EXPERT_GROUP_DESCS)
+    assert real == megatron_expert_rank_groups(etp, ep, tp * cp * dp // (ep * etp), pp)
+    assert all(real[name] for name in EXPERT_GROUP_DESCS)
 
 
 def _random_shape(instance, rng: random.Random):

@@ -72,3 +72,13 @@ def test_planning_an_moe_model_is_refused_with_its_size():
         build_instance(data)
     assert info.value.field == "moe_intermediate_size"
     assert "30.5B parameters, 3.4B active" in info.value.problem and "expert parallelism" in info.value.problem
+
+
+def test_expert_groups_need_ep_times_etp_to_divide_the_stage():
+    from formulation.placement import Placement
+    p = Placement(tp=2, pp=1, cp=1, dp=4, vpp=1, micro_batch_size=1, recompute="none", zero_stage=1,
+                  layers_per_stage=(4,), gpus=tuple(range(8)))
+    assert p.ep_groups(0, 4, 2).tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]  # etp fastest, then ep
+    assert p.expert_dp_groups(0, 2, 2).tolist() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    with pytest.raises(ValueError, match="does not divide"):
+        p.ep_groups(0, 3, 1)

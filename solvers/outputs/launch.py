@@ -150,17 +150,23 @@ def orthogonal_rank_groups(sizes: list[int], mask: list[bool]) -> list[list[int]
             for g in range(prod(sizes[d] for d in unmasked))]
 
 
+def token_rank_groups(sizes: dict[str, int], token: str) -> list[list[int]]:
+    """Megatron's `RankGenerator.get_ranks(token)` for the sizes by name (tp, cp, ep, dp, pp) in its default order."""
+    wanted = token.split("-")
+    return orthogonal_rank_groups([sizes[name] for name in MEGATRON_ORDER], [name in wanted for name in MEGATRON_ORDER])
+
+
 def megatron_rank_groups(tp: int, cp: int, dp: int, pp: int) -> dict[str, list[list[int]]]:
     """Global ranks of Megatron's groups as `RankGenerator(order='tp-cp-ep-dp-pp')` builds them."""
     sizes = dict(tp=tp, cp=cp, ep=1, dp=dp, pp=pp)
-    ordered = [sizes[name] for name in MEGATRON_ORDER]
+    return {token: token_rank_groups(sizes, token) for token in ("tp", "cp", "dp", "dp-cp", "pp")}
 
-    def groups(token: str) -> list[list[int]]:
-        wanted = token.split("-")
-        return orthogonal_rank_groups(ordered, [name in wanted for name in MEGATRON_ORDER])
 
-    return {"tp": groups("tp"), "cp": groups("cp"), "dp": groups("dp"), "dp-cp": groups("dp-cp"),
-            "pp": groups("pp")}
+def megatron_expert_rank_groups(etp: int, ep: int, expert_dp: int, pp: int) -> dict[str, list[list[int]]]:
+    """Global ranks of Megatron's expert groups: its expert `RankGenerator` (cp = 1, the same order) builds the
+    expert-parallel ("ep"), expert tensor-parallel ("tp"), expert data-parallel ("dp") and "tp-ep" groups."""
+    sizes = dict(tp=etp, cp=1, ep=ep, dp=expert_dp, pp=pp)
+    return {token: token_rank_groups(sizes, token) for token in ("ep", "tp", "dp", "tp-ep")}
 
 
 def plan_groups(placement: Placement) -> dict[str, list[tuple[int, ...]]]:
