@@ -70,9 +70,13 @@ class Model:
         return self.hidden_size * (q + 2 * kv) + q * self.hidden_size
 
     @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (or one expert): gate, up and down for SwiGLU, up and down for GELU."""
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
     def mlp_params(self) -> int:
-        matrices = 3 if self.mlp == "swiglu" else 2
-        return matrices * self.hidden_size * self.ffn_hidden_size
+        return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
 
     @property
     def layer_matmul_params(self) -> int:
@@ -96,11 +100,7 @@ class Model:
 
     @property
     def total_params(self) -> int:
-        if self.moe or self.mla:
-            return parameter_counts(self).total
-        tied_shared = self.vocab_size * self.hidden_size if self.tie_word_embeddings else 0
-        return (self.num_layers * (self.layer_matmul_params + self.layer_norm_params) + self.embedding_params
-                + self.output_params - tied_shared + self.hidden_size)
+        return parameter_counts(self).total
 
     # ---- FLOPs (one forward pass, whole layer, `tokens` tokens of sequences of length `seq`) ---------
     def layer_matmul_flops(self, tokens: float) -> float:

@@ -65,7 +65,10 @@ class LatentAttention:
     def params(self, hidden: int, heads: int) -> int:
         """Weights of one layer's attention, the two latent RMSNorms included."""
         qk = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
-        q = hidden * qk if self.q_lora_rank is None else hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * qk
+        if self.q_lora_rank is None:
+            q = hidden * qk
+        else:  # down-projection, its RMSNorm, up-projection
+            q = hidden * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * qk
         kv = (hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
               + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim))
         return q + kv + heads * self.v_head_dim * hidden
@@ -126,11 +129,11 @@ class ParameterCounts:
 
 
 def parameter_counts(model) -> ParameterCounts:
-    """Total and active parameters of a dense or MoE `Model` (SwiGLU experts: three matrices each)."""
+    """Total and active parameters of a dense or MoE `Model`: the one count (`Model.total_params` reads it).
+    A tied output layer shares the embedding's weights; the final norm adds h."""
     h, heads = model.hidden_size, model.num_attention_heads
     attention = model.mla.params(h, heads) if model.mla else model.attention_params
-    matrices = 3 if model.mlp == "swiglu" else 2
-    per_dense = attention + model.layer_norm_params + matrices * h * model.ffn_hidden_size
+    per_dense = attention + model.layer_norm_params + model.mlp_params
     ends = model.embedding_params + model.output_params + h
     if model.tie_word_embeddings:
         ends -= model.vocab_size * h
@@ -138,8 +141,8 @@ def parameter_counts(model) -> ParameterCounts:
     if moe is None:
         total = model.num_layers * per_dense + ends
         return ParameterCounts(total, total, 0)
-    expert = matrices * h * moe.expert_ffn_hidden_size
-    shared = matrices * h * moe.shared_expert_ffn_hidden_size
+    expert = model.mlp_matrices * h * moe.expert_ffn_hidden_size
+    shared = model.mlp_matrices * h * moe.shared_expert_ffn_hidden_size
     base = attention + model.layer_norm_params + shared + h * moe.num_experts  # the router
     dense_layers = model.num_layers - moe.num_moe_layers
     total = dense_layers * per_dense + moe.num_moe_layers * (base + moe.num_experts * expert) + ends

@@ -28,7 +28,7 @@ from formulation.space import Config, placement_for, schedules
 
 from solvers import backends
 from solvers.search.driver import closing_status, kth_best, prunes, record_improvement
-from solvers.search.objectives import OBJECTIVES
+from solvers.search.objectives import OBJECTIVES, cost_per_million_tokens, gpus_value, tokens_per_iteration
 
 INF = float("inf")
 
@@ -164,8 +164,7 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
         raise ValueError("objective 'gpus' needs required_tokens_per_s (--required-tokens-per-s)")
     islands = islands if islands is not None else find_islands(instance.cluster)
     result = ComposeResult([], 0.0, "feasible", 0.0, objective, islands)
-    tokens = instance.training.global_batch_size * instance.training.seq_length
-    max_time = tokens / required_tokens_per_s if objective == "gpus" else INF
+    max_time = tokens_per_iteration(instance) / required_tokens_per_s if objective == "gpus" else INF
     options: list[Option] = []
     shortfall = None
     tables_of: dict[Config, list] = {}
@@ -243,8 +242,7 @@ def _options(instance, config: Config, tables, objective: str, max_time: float) 
         return [Option(config, lb_time)]
     if objective == "gpus":
         world = config.tp * config.cp * config.dp * P
-        return [Option(config, world + lb_time / (10 * max_time))] if lb_time <= max_time else []
-    tokens = instance.training.global_batch_size * instance.training.seq_length
+        return [Option(config, gpus_value(world, lb_time, max_time))] if lb_time <= max_time else []
     types = sorted({tables[k].island.gpu_type for k in usable})
     room = [sum(len(tables[k].slots) for k in usable if tables[k].island.gpu_type == t) for t in types]
     options = []
@@ -254,7 +252,7 @@ def _options(instance, config: Config, tables, objective: str, max_time: float) 
         on = {t: n for t, n in zip(types, counts) if n}
         used = [k for k in usable if tables[k].island.gpu_type in on]
         lb = time_lower_bound(instance, config, tables, used, on)
-        options.append(Option(config, _rate(instance, config, on) * lb / tokens * 1e6, stages_on=on))
+        options.append(Option(config, cost_per_million_tokens(instance, _rate(instance, config, on), lb), stages_on=on))
     return options
 
 

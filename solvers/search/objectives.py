@@ -23,6 +23,16 @@ def tokens_per_iteration(instance) -> int:
     return instance.training.global_batch_size * instance.training.seq_length
 
 
+def cost_per_million_tokens(instance, rate_per_s: float, time_s: float) -> float:
+    """The cost objective: GPUs priced at `rate_per_s` for one iteration of `time_s`, per million tokens."""
+    return rate_per_s * time_s / tokens_per_iteration(instance) * 1e6
+
+
+def gpus_value(world: int, time_s: float, max_time: float) -> float:
+    """The GPU-count objective: GPUs first, then time as a fraction below a tenth of a GPU."""
+    return float(world) + (time_s / (10 * max_time) if max_time < INF else 0.0)
+
+
 @dataclass(frozen=True)
 class Objective:
     name: str
@@ -46,16 +56,15 @@ class Time(Objective):
 
 class Cost(Objective):
     def value(self, instance, placement, estimate, max_time: float = INF) -> float:
-        return price_per_s(instance, placement) * estimate.iteration_time_s / tokens_per_iteration(instance) * 1e6
+        return cost_per_million_tokens(instance, price_per_s(instance, placement), estimate.iteration_time_s)
 
-    def time_cutoff(self, kth, instance, rate_per_s, max_time):
+    def time_cutoff(self, kth, instance, rate_per_s, max_time):  # cost_per_million_tokens solved for the time
         return kth * tokens_per_iteration(instance) / (rate_per_s * 1e6) if kth < INF else None
 
 
 class Gpus(Objective):
     def value(self, instance, placement, estimate, max_time: float = INF) -> float:
-        tie_break = estimate.iteration_time_s / (10 * max_time) if max_time < INF else 0.0
-        return float(placement.world_size) + tie_break
+        return gpus_value(placement.world_size, estimate.iteration_time_s, max_time)
 
     def time_cutoff(self, kth, instance, rate_per_s, max_time):
         return max_time
