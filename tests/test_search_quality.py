@@ -20,7 +20,9 @@ REPRO = Path(__file__).parent / "repro"
 def irregular():
     instance = load_instance(REPRO / "search_irregular_8x8.json")
     better = evaluate(instance, load_placement(REPRO / "search_irregular_8x8_better.json", instance))
-    assert better.fits and better.iteration_time_s == pytest.approx(2.1630, abs=1e-4)
+    # 2.1630 s when the repro was filed; 2.0792 s since the GEMM shape and attention efficiency are catalog
+    # facts instead of per-chip fits (docs/physics.md): a pin, so that a model change is noticed here
+    assert better.fits and better.iteration_time_s == pytest.approx(2.0792, abs=1e-4)
     return instance, better
 
 

@@ -1,10 +1,12 @@
 """Fit the per-GPU-type efficiency parameters on measured runs; the result is data (calibration.json).
 
-Fitted per chip and software stack (all memory sizes and form factors of one chip share the fit): the
-large-GEMM efficiency `matmul_efficiency`, the shape scale `efficiency_half_gflop` (C1) and the attention-core
-efficiency `attention_efficiency` (C2). With fewer than MIN_ROWS_FULL_FIT calibration rows only the GEMM
-efficiency is fitted. Objective: the sum of squared log errors of predicted iteration time over the
-calibration split (rows not held out by `is_test_row`). A fixed per-iteration overhead was tried as a fourth
+Fitted per chip and software stack (all memory sizes and form factors of one chip share the fit): one number,
+the large-GEMM efficiency `matmul_efficiency` (C1). The shape scale `efficiency_half_gflop` (C1) and the
+attention-core efficiency `attention_efficiency` (C2) are catalog facts, not fits (gpu_types.json, cited in
+docs/physics.md): fitted per chip and stack they were degenerate (a GEMM half-point of 566 GFLOP and an
+attention efficiency of 1.0 on 8 rows) and moved from fold to fold, which is what made predictions of unseen
+sources drift. Objective: the sum of squared log errors of predicted iteration time over the calibration
+split (rows not held out by `is_test_row`). A fixed per-iteration overhead was tried as a fourth
 parameter and did not lower the held-out error, so it stays 0 (users may set `iteration_overhead_s`).
 """
 
@@ -26,11 +28,10 @@ from solvers.validation.runs import Run, is_test_row
 # Which catalog types share a chip (and so a fit), keyed by the type whose rows calibrate it.
 CHIPS = {
     "a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb", "a100-pcie-80gb"),
-    "h100-sxm-80gb": ("h100-sxm-80gb", "h100-pcie-80gb", "h200-sxm-141gb"),
+    "h100-sxm-80gb": ("h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w", "h200-sxm-141gb"),
     "v100-sxm-32gb": ("v100-sxm-32gb",),
 }
-MIN_ROWS_FULL_FIT = 8
-FITTED = ("matmul_efficiency", "efficiency_half_gflop", "attention_efficiency")
+FITTED = ("matmul_efficiency",)
 # Rows not used for fitting nor for the accuracy figures, with the reason (printed by `solve validate`).
 EXCLUDED = {
     row: "DeepSpeed ZeRO-3 baseline of SC21 (2021): its per-parameter gathers ran far below NCCL link bandwidth "
@@ -53,18 +54,14 @@ def with_parameters(run: Run, params: dict):
 
 
 def to_params(x: np.ndarray) -> dict:
-    """Unconstrained search space: logits for the efficiencies, log for the GFLOP scale."""
-    return {"matmul_efficiency": 1 / (1 + math.exp(-x[0])), "efficiency_half_gflop": math.exp(x[1]),
-            "attention_efficiency": 1 / (1 + math.exp(-x[2]))}
+    """Unconstrained search space: the logit of the GEMM efficiency."""
+    return {"matmul_efficiency": 1 / (1 + math.exp(-x[0]))}
 
 
 def to_vector(params: dict) -> np.ndarray:
     """The inverse of `to_params`."""
-    def logit(p: float) -> float:
-        p = min(max(p, 1e-6), 1 - 1e-6)
-        return math.log(p / (1 - p))
-    return np.array([logit(params["matmul_efficiency"]), math.log(params["efficiency_half_gflop"]),
-                     logit(params["attention_efficiency"])])
+    p = min(max(params["matmul_efficiency"], 1e-6), 1 - 1e-6)
+    return np.array([math.log(p / (1 - p))])
 
 
 def log_errors(runs: list[Run], params: dict) -> np.ndarray:
@@ -88,17 +85,12 @@ def fit(runs: list[Run]) -> dict[str, dict]:
     train = [r for r in usable(runs) if not is_test_row(r.row)]
     for key in sorted({calibration_key(r) for r in train}):
         rows = [r for r in train if calibration_key(r) == key]
-        x0 = np.array([math.log(0.75 / 0.25), math.log(20.0), math.log(0.45 / 0.55)])
-        # Few rows cannot pin three parameters: then fit the GEMM efficiency alone, the rest stay at x0.
-        free = len(x0) if len(rows) >= MIN_ROWS_FULL_FIT else 1
-
-        def objective(z: np.ndarray) -> float:
-            x = np.concatenate([z, x0[free:]])
+        def objective(x: np.ndarray) -> float:
             return float(np.sum(log_errors(rows, to_params(x)) ** 2))
 
-        result = minimize(objective, x0[:free], method="Nelder-Mead",
-                          options={"maxiter": 600, "xatol": 1e-4, "fatol": 1e-8})
-        params = to_params(np.concatenate([result.x, x0[free:]]))
+        result = minimize(objective, np.array([math.log(0.75 / 0.25)]), method="Nelder-Mead",
+                          options={"maxiter": 200, "xatol": 1e-5, "fatol": 1e-9})
+        params = to_params(result.x)
         fitted[key] = {k: round(v, 6) for k, v in params.items()} | {"fitted_on_rows": [r.row for r in rows]}
     return fitted
 
@@ -113,8 +105,11 @@ def write_calibration(fitted: dict[str, dict], path: Path = CALIBRATION_PATH) ->
             if name in catalog:
                 current[name + (f"+{stack}" if stack else "")] = {k: values[k] for k in FITTED} | {
                     "fitted_on": f"{key} rows {values['fitted_on_rows']}"}
-    current["_comment"] = ("Fitted by `solve calibrate --write` on the calibration split of ../shared/reference/"
-                           "published_runs.csv (rows with row % 3 != 0); `default` fills GPU types without a fit.")
+    current["_comment"] = ("Fitted by `solve calibrate --write` on the calibration split (rows with row % 3 != 0) of "
+                           "the packaged reference runs (published_runs.csv and published_runs_torchtitan.csv, whose "
+                           "rows count from 1000): matmul_efficiency only, per chip and software stack; the shape and "
+                           "attention parameters are catalog facts (gpu_types.json). `default` fills GPU types "
+                           "without a fit.")
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(current, indent=2) + "\n")
     tmp.replace(path)

@@ -3,10 +3,9 @@ refit whatever is fitted on the other sources only, then predict that source.
 
 Rows of one source share hardware, software, flags and authors, so a random split measures interpolation;
 predicting a source that never took part in the fit is what a new user's cluster looks like. What is fitted
-is the per-chip, per-stack efficiency triple of `calibrate` (C1, C2). Each fold's fit starts from the
-catalog's defaults (a software stack: from its chip's fit on the same fold) and runs a least-squares fit of
-the log errors on the fold's own rows. Nothing a fold uses has seen the held-out source: with few rows only
-the GEMM efficiency is fitted and the rest keep the start's values, so the start must be clean too. A chip
+is the per-chip, per-stack GEMM efficiency of `calibrate` (C1); each fold fits it by least squares of the log
+errors on the fold's own rows, starting from the catalog's default. Nothing a fold uses has seen the
+held-out source. A chip
 and stack with no rows outside the held-out source falls back to the chip's Megatron fit of the fold, else
 the catalog's uncalibrated defaults: what a new user gets.
 """
@@ -24,7 +23,7 @@ from formulation.data import REFERENCE_DIR
 from formulation.evaluate import evaluate
 from formulation.inputs.gpus import gpu_catalog
 from formulation.physics.memory import GIB
-from solvers.validation.calibrate import (EXCLUDED, FITTED, MIN_ROWS_FULL_FIT, calibration_key, chip_of,
+from solvers.validation.calibrate import (EXCLUDED, FITTED, calibration_key, chip_of,
                                           log_errors, to_params, to_vector, with_parameters)
 from solvers.validation.runs import Run, load_runs
 
@@ -63,17 +62,10 @@ def measured_oom(runs: list[Run]) -> list[Run]:
 
 
 def fit_least_squares(rows: list[Run], start: dict) -> dict:
-    """The efficiency triple minimising the squared log error of iteration time over `rows`, from `start`.
-    Few rows cannot pin three parameters: then only the GEMM efficiency moves."""
-    x0 = to_vector(start)
-    free = len(x0) if len(rows) >= MIN_ROWS_FULL_FIT else 1
-
-    def residuals(z: np.ndarray) -> np.ndarray:
-        return log_errors(rows, to_params(np.concatenate([z, x0[free:]])))
-
-    result = least_squares(residuals, x0[:free], method="trf", x_scale=1.0, diff_step=1e-3, ftol=1e-6,
-                           xtol=1e-6, max_nfev=60)
-    return to_params(np.concatenate([result.x, x0[free:]]))
+    """The GEMM efficiency minimising the squared log error of iteration time over `rows`, from `start`."""
+    result = least_squares(lambda x: log_errors(rows, to_params(x)), to_vector(start), method="trf",
+                           diff_step=1e-3, ftol=1e-6, xtol=1e-6, max_nfev=60)
+    return to_params(result.x)
 
 
 @dataclass
@@ -111,11 +103,7 @@ def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adju
             return None
         ident = (key, tuple(sorted(r.row for r in rows)))
         if ident not in cache:
-            # The start must not have seen the held-out source: with few rows only the GEMM efficiency
-            # moves and the rest stay at the start. A stack starts from its chip's fit on the same fold.
-            chip = key.partition("+")[0]
-            start = (fit_for(chip, train) if chip != key else None) or defaults
-            cache[ident] = fit_least_squares(rows, start)
+            cache[ident] = fit_least_squares(rows, defaults)
         return cache[ident]
 
     families = sorted(set(families) | {source_family(r.source) for r in ooms})

@@ -291,7 +291,7 @@ def _validate(args) -> int:
 def _calibrate(args) -> int:
     if args.output is None:  # the packaged efficiencies, refitted on the reference runs
         from solvers.validation.calibrate import fit, write_calibration
-        fitted = fit(load_runs(args.runs or DEFAULT_RUNS))
+        fitted = fit(load_runs(args.runs) if args.runs else crossval.reference_runs())
         for key, values in fitted.items():
             print(f"{key}: " + ", ".join(f"{k} {v:.4g}" for k, v in values.items() if k != "fitted_on_rows")
                   + f" (on {len(values['fitted_on_rows'])} runs)")
