@@ -167,7 +167,8 @@ def elementwise_bytes(model, job, p, gpu_type=None) -> float:
     adds (read 2, write 1: 6), rotary embedding on Q and K (read + write: 2 (1 + kv/heads)), the MLP activation
     (SwiGLU reads 2f, writes f; GELU reads and writes f), dropout (read, write, mask: 3 per dropout, 2
     dropouts). Eager PyTorch (torchtitan without compile) runs each op as its own kernel: RMSNorm upcasts,
-    squares, reduces, scales, downcasts and multiplies by the weight (about 20 units each), rotary goes through
+    squares, reduces, scales, downcasts and multiplies by the weight (about 20 units each; LayerNorm is one eager
+    kernel, torch.nn.functional.layer_norm, so LayerNorm models such as MPT keep the fused 2), rotary goes through
     fp32 complex views (10 units per Q/K head width), SwiGLU's silu and product are two kernels (5 f / h).
     FP8 GEMMs first cast their four inputs (QKV, projection, fc1, fc2) to FP8: read 2 bytes, write 1 (1.5 units
     each). With sequence parallelism (or tp = 1) each GPU touches 1/tp of the norm/residual tensors; the MLP
@@ -179,7 +180,8 @@ def elementwise_bytes(model, job, p, gpu_type=None) -> float:
     eager = eager_stack(job)
     qk = 1 + model.num_kv_heads / model.num_attention_heads
     rotary = 0.0 if model.learned_position_embeddings else (10.0 if eager else 2.0) * qk
-    replicated = (40.0 if eager else 4.0) + 6.0 + (6.0 if model.dropout else 0.0)
+    eager_norms = eager and model.norm == "rmsnorm"
+    replicated = (40.0 if eager_norms else 4.0) + 6.0 + (6.0 if model.dropout else 0.0)
     swiglu = 5.0 if eager else 3.0
     split = rotary + (swiglu if model.mlp == "swiglu" else 2.0) * f / h
     if gpu_type is not None and fp8_gemms(job, gpu_type):
