@@ -55,20 +55,27 @@ def leave_one_out(cases: list[tuple], names: tuple) -> tuple[UserCalibration, li
 
 
 def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int = 4) -> list[dict]:
-    """For every source with >= `min_runs` runs: calibrate on `shots` of them (the fastest and the slowest
-    measured, which span the source's range) on top of the cross-validated model, predict the others."""
+    """For every cluster of a source (its runs on one GPU type) with >= `min_runs` runs: calibrate on `shots`
+    of them on top of the cross-validated model, predict the others. The calibration runs are those at the
+    lower and upper quartile of measured time: they span the cluster's range as a user's first runs would,
+    without resting the fit on its most extreme configuration."""
     out = []
-    for family in sorted({p.family for p in predictions}):
-        items = sorted((p for p in predictions if p.family == family), key=lambda p: p.run.measured_iter_s)
+    clusters = sorted({(p.family, p.run.gpu_type) for p in predictions})
+    several_types = {f for f, _ in clusters if sum(1 for g, _ in clusters if g == f) > 1}
+    for family, gpu_type in clusters:
+        items = sorted((p for p in predictions if (p.family, p.run.gpu_type) == (family, gpu_type)),
+                       key=lambda p: p.run.measured_iter_s)
         if len(items) < min_runs:
             continue
-        chosen = [items[0], items[-1]][:shots]
+        picks = sorted({round(q * (len(items) - 1)) for q in (0.25, 0.75)})[:shots]
+        chosen = [items[i] for i in picks]
         rest = [p for p in items if p not in chosen]
         cal = fit_user_calibration([(p.instance, p.run.placement, p.run.measured_iter_s) for p in chosen])
         after = [evaluate(apply_user_calibration(p.instance, cal), p.run.placement, check=False).iteration_time_s
                  for p in rest]
         errors = [a / p.run.measured_iter_s - 1 for a, p in zip(after, rest)]
-        out.append({"source": family, "predicted_runs": len(rest), "calibrated_on": [p.run.row for p in chosen],
+        name = f"{family} ({gpu_type})" if family in several_types else family
+        out.append({"source": name, "predicted_runs": len(rest), "calibrated_on": [p.run.row for p in chosen],
                     "median_abs_error_before": statistics.median(abs(p.error) for p in rest),
                     "median_abs_error_after": statistics.median(abs(e) for e in errors),
                     "spearman_after": spearman(after, [p.run.measured_iter_s for p in rest]) if len(rest) >= 4
