@@ -85,6 +85,7 @@ def fit(runs: list[Run]) -> dict[str, dict]:
     train = [r for r in usable(runs) if not is_test_row(r.row)]
     for key in sorted({calibration_key(r) for r in train}):
         rows = [r for r in train if calibration_key(r) == key]
+
         def objective(x: np.ndarray) -> float:
             return float(np.sum(log_errors(rows, to_params(x)) ** 2))
 

@@ -4,10 +4,9 @@ refit whatever is fitted on the other sources only, then predict that source.
 Rows of one source share hardware, software, flags and authors, so a random split measures interpolation;
 predicting a source that never took part in the fit is what a new user's cluster looks like. What is fitted
 is the per-chip, per-stack GEMM efficiency of `calibrate` (C1); each fold fits it by least squares of the log
-errors on the fold's own rows, starting from the catalog's default. Nothing a fold uses has seen the
-held-out source. A chip
-and stack with no rows outside the held-out source falls back to the chip's Megatron fit of the fold, else
-the catalog's uncalibrated defaults: what a new user gets.
+errors on the fold's own rows, starting from the catalog's default. Nothing a fold uses has seen the held-out
+source. A chip and stack with no rows outside the held-out source falls back to the chip's Megatron fit of
+the fold, else the catalog's uncalibrated defaults: what a new user gets.
 """
 
 from __future__ import annotations

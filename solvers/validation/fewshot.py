@@ -61,7 +61,8 @@ def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int 
     without resting the fit on its most extreme configuration."""
     out = []
     clusters = sorted({(p.family, p.run.gpu_type) for p in predictions})
-    several_types = {f for f, _ in clusters if sum(1 for g, _ in clusters if g == f) > 1}
+    families = [family for family, _ in clusters]
+    several_types = {family for family in families if families.count(family) > 1}
     for family, gpu_type in clusters:
         items = sorted((p for p in predictions if (p.family, p.run.gpu_type) == (family, gpu_type)),
                        key=lambda p: p.run.measured_iter_s)
