@@ -69,3 +69,16 @@ def test_layout_doc_lists_every_module_and_only_modules():
     present = {str(p.relative_to(REPO)) for p in _modules()}
     assert sorted(present - listed) == [], "modules missing from docs/layout.md"
     assert sorted(listed - present) == [], "docs/layout.md names modules that do not exist"
+
+
+def test_no_function_over_60_lines_outside_the_program_builders():
+    """Issue 13's rule: long functions only where a program is written constraint family by family."""
+    offenders = []
+    for path in _modules():
+        rel = path.relative_to(REPO)
+        if rel.parts[:2] == ("formulation", "programs"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                offenders.append(f"{rel}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert offenders == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 from formulation.physics import cost
 from formulation.space import Config
@@ -92,12 +93,7 @@ def _split_tp_bound(b: Parts, w: Parts, u_split: float, fixed: float) -> float:
     rest = b.chain() + base + fixed
     floors = [w.stage_dp_floor(i) for i in range(P)]
     heavy = math.ceil(b.instance.model.num_layers / P / v) * v
-    loaded = [INF] * P  # stage i's least narrow dp exposure when it holds at least `heavy` layers
-    for i in range(P):
-        most = max(w.caps[i], 0) // v * v
-        if most >= heavy:
-            loaded[i] = sum(min(x, y) for x, y in zip(w.dp_part_exposures(i, heavy, w.inter, 1),
-                                                      w.dp_part_exposures(i, most, w.inter, 1)))
+    loaded = _loaded_exposures(w, P, v, heavy)
     representative: dict = {}
     for i in range(P):
         representative.setdefault(_kind(b, i), []).append(i)
@@ -118,11 +114,43 @@ def _split_tp_bound(b: Parts, w: Parts, u_split: float, fixed: float) -> float:
         for q in range(heavy, max(b.caps[s], 0) // v * v + 1, v):
             best = min(best, w.pipeline(slow({s}), {s: q}) + near)
     kinds = list(representative)
+    best = min(best, _several_slow_stages(b, representative, u_split, rest))
+    if len(kinds) > 12:
+        return best
+    for k1, k2 in itertools.combinations_with_replacement(range(len(kinds)), 2):
+        if k1 == k2 and len(representative[kinds[k1]]) < 2:
+            continue
+        S = {representative[kinds[k1]][0], representative[kinds[k2]][-1]}
+        delta = max([base] + [floors[i] for i in range(P) if i not in S])
+        alone = all(len(representative[_kind(b, i)]) == 1 for i in S)
+        best = min(best, _chain_split(w, b, slow(S), S, delta, fixed, alone))
+    return best
+
+
+def _loaded_exposures(w: Parts, P: int, v: int, heavy: int) -> list[float]:
+    """Stage i's least narrow dp exposure when it holds at least `heavy` layers (INF where it cannot)."""
+    loaded = [INF] * P
+    for i in range(P):
+        most = max(w.caps[i], 0) // v * v
+        if most >= heavy:
+            loaded[i] = sum(min(x, y) for x, y in zip(w.dp_part_exposures(i, heavy, w.inter, 1),
+                                                      w.dp_part_exposures(i, most, w.inter, 1)))
+    return loaded
+
+
+def _several_slow_stages(b: Parts, representative: dict, u_split: float, rest: float) -> float:
+    """(B1) case (ii) with |S| >= 3, by kinds of stages: the pipeline with three slow stages. Beyond 12 kinds,
+    |S| >= 2 by pairs' pipelines alone (the caller then skips the pairs' chain refinement)."""
+    P, kinds, best = b.config.pp, list(representative), INF
+
+    def pipeline_with(S) -> float:
+        return b.pipeline([u_split if i in S else b.u for i in range(P)]) + rest
+
     if len(kinds) > 12:
         for s in (m[0] for m in representative.values()):
             for s2 in (m[0] if m[0] != s else (m[1] if len(m) > 1 else None) for m in representative.values()):
                 if s2 is not None:
-                    best = min(best, b.pipeline([u_split if i in (s, s2) else b.u for i in range(P)]) + rest)
+                    best = min(best, pipeline_with((s, s2)))
         return best
     for combo in itertools.combinations_with_replacement(range(len(kinds)), 3):
         S = set()
@@ -132,14 +160,7 @@ def _split_tp_bound(b: Parts, w: Parts, u_split: float, fixed: float) -> float:
                 break
             S.update(pool[:combo.count(k)])
         else:
-            best = min(best, b.pipeline([u_split if i in S else b.u for i in range(P)]) + rest)
-    for k1, k2 in itertools.combinations_with_replacement(range(len(kinds)), 2):
-        if k1 == k2 and len(representative[kinds[k1]]) < 2:
-            continue
-        S = {representative[kinds[k1]][0], representative[kinds[k2]][-1]}
-        delta = max([base] + [floors[i] for i in range(P) if i not in S])
-        alone = all(len(representative[_kind(b, i)]) == 1 for i in S)
-        best = min(best, _chain_split(w, b, slow(S), S, delta, fixed, alone))
+            best = min(best, pipeline_with(S))
     return best
 
 
@@ -213,73 +234,13 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int], p
     prod_{k in R} size_k ranks. So a set D of kinds is left out when some side is not a multiple of the
     product over the rest; the bound is the largest over such D of the smallest over the rest.
     """
-    cluster, model, job = instance.cluster, instance.model, instance.training
     b = parts or stage_parts(instance, config)
     if cut >= b.inter:
         return -INF
-    p, P, v = b.placement, config.pp, config.vpp
-    fixed_part = b.optimizer + b.gpu_type.iteration_overhead_s
-    dp_floor = b.dp_floor()
-    stages = b.distinct_stages()
-    n_dp = config.dp * config.cp
-    # A dp x cp group has at most one member per tp group of its stage. Either every node it spans holds at most
-    # cap / tp of its members (a), or some node holds more, and then a tp group of the same stage spans nodes (b):
-    # that stage pays both. (b) does not exist when tp > cap: then every tp group spans nodes already in (B1).
-    narrow = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
-
-    def with_slow_stage(u_slow: float, dp_slow: bool, dp_cap: int) -> float:
-        best = INF
-        for s in stages:
-            us = [b.u] * P
-            us[s] = u_slow
-            if not dp_slow:
-                best = min(best, b.pipeline(us) + dp_floor)
-                continue
-            for q in range(v, max(b.caps[s], 0) + 1, v):
-                best = min(best, b.pipeline(us, {s: q}) + max(dp_floor, b.dp_exposure(s, q, cut, 2, dp_cap)))
-        return best + b.chain() + fixed_part
-
-    def tp_time(bandwidth: float) -> float:
-        return best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra,
-                               bandwidth, b.max_nodes, b.per_node_cap, 2, b.span)
-
-    cases = {}
-    if config.tp > 1:
-        cases["tp"] = with_slow_stage(b.unit(tp_time(cut), b.cp, b.ag, b.rs), False, b.per_node_cap)
-    if n_dp > 1:
-        dp_slow = config.zero_stage < 3
-        split_tp = config.tp > 1 and config.tp <= b.per_node_cap
-        tp_split = tp_time(b.inter) if split_tp else b.tp
-
-        def zero3(cap: int) -> tuple[float, float]:
-            """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
-            if config.zero_stage < 3:
-                return b.ag, b.rs
-            w_bytes, g_bytes, _ = job.bytes_per_param_state
-            k = b.constants(0)
-            return tuple(best_group_time(lambda lk, kind=kind, size=size: cost.collective_time(kind, size, lk, cluster),
-                                         n_dp, b.intra, cut, b.max_nodes, cap, 2, b.span)
-                         for kind, size in (("all_gather", k.layer_params * w_bytes),
-                                            ("reduce_scatter", k.layer_params * g_bytes)))
-
-        def across(cp_time: float) -> float:
-            value = with_slow_stage(b.unit(b.tp, cp_time, *zero3(narrow)), dp_slow, narrow)  # (a)
-            if split_tp:  # (b)
-                value = min(value, with_slow_stage(b.unit(tp_split, cp_time, *zero3(b.per_node_cap)), dp_slow,
-                                                   b.per_node_cap))
-            return value
-
-        if config.cp > 1:  # a cp ring across the cut puts its dp x cp group across too
-            cases["cp"] = across(cost.cp_layer_comm(model, job, p, min(b.intra, cut), False, cluster))
-        if config.dp > 1:
-            cases["dp"] = across(b.cp)
-    if P > 1:
-        sp = job.sequence_parallel_size(config.tp)
-        slow = cost.p2p_time(cost.activation_message_bytes(model, job, p) / sp, cut, False, cluster)
-        cases["pp"] = b.pipeline([b.u] * P) + b.chain(max(0.0, slow - b.c_min)) + dp_floor + fixed_part
+    cases = _crossing_cases(instance, config, cut, b)
     if not cases:
         return -INF
-    size = {"tp": config.tp, "cp": config.cp, "dp": config.dp, "pp": P}
+    size = {"tp": config.tp, "cp": config.cp, "dp": config.dp, "pp": config.pp}
     kinds = sorted(cases)
     best = min(cases.values())
     for mask in range(1, 2 ** len(kinds) - 1):  # R = the kinds kept, a proper non-empty subset
@@ -288,6 +249,90 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int], p
         if any(side % block for side in sides):
             best = max(best, min(cases[kind] for kind in rest))
     return best
+
+
+@dataclass(frozen=True)
+class _CutContext:
+    """What every crossing case of one cut shares: the parts, the cut's bandwidth and the fixed floors."""
+
+    b: Parts
+    cut: float
+    stages: list
+    dp_floor: float
+    fixed_part: float
+
+    def with_slow_stage(self, u_slow: float, dp_slow: bool, dp_cap: int) -> float:
+        """(B1) with one stage's per-layer unit slowed to `u_slow` (its dp group too, when `dp_slow`)."""
+        b, best = self.b, INF
+        v = b.config.vpp
+        for s in self.stages:
+            us = [b.u] * b.config.pp
+            us[s] = u_slow
+            if not dp_slow:
+                best = min(best, b.pipeline(us) + self.dp_floor)
+                continue
+            for q in range(v, max(b.caps[s], 0) + 1, v):
+                best = min(best, b.pipeline(us, {s: q}) + max(self.dp_floor, b.dp_exposure(s, q, self.cut, 2, dp_cap)))
+        return best + b.chain() + self.fixed_part
+
+
+def _crossing_cases(instance, config: Config, cut: float, b: Parts) -> dict[str, float]:
+    """(B2) The bound of one cut when a group of each kind (tp, cp, dp, pp) is the one that crosses it."""
+    cluster, model, job = instance.cluster, instance.model, instance.training
+    p = b.placement
+    ctx = _CutContext(b, cut, b.distinct_stages(), b.dp_floor(), b.optimizer + b.gpu_type.iteration_overhead_s)
+    cases = {}
+    if config.tp > 1:
+        tp_cut = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra, cut,
+                                 b.max_nodes, b.per_node_cap, 2, b.span)
+        cases["tp"] = ctx.with_slow_stage(b.unit(tp_cut, b.cp, b.ag, b.rs), False, b.per_node_cap)
+    if config.dp * config.cp > 1:
+        cases.update(_dp_crossing_cases(instance, config, ctx))
+    if config.pp > 1:
+        sp = job.sequence_parallel_size(config.tp)
+        slow = cost.p2p_time(cost.activation_message_bytes(model, job, p) / sp, cut, False, cluster)
+        cases["pp"] = b.pipeline([b.u] * config.pp) + b.chain(max(0.0, slow - b.c_min)) + ctx.dp_floor + ctx.fixed_part
+    return cases
+
+
+def _dp_crossing_cases(instance, config: Config, ctx: _CutContext) -> dict[str, float]:
+    """(B2) A cp ring or a dp group across the cut (a cp ring across puts its dp x cp group across too).
+
+    A dp x cp group has at most one member per tp group of its stage. Either every node it spans holds at most
+    cap / tp of its members (a), or some node holds more, and then a tp group of the same stage spans nodes (b):
+    that stage pays both. (b) does not exist when tp > cap: then every tp group spans nodes already in (B1)."""
+    cluster, model, job = instance.cluster, instance.model, instance.training
+    b, cut, n_dp = ctx.b, ctx.cut, config.dp * config.cp
+    narrow = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
+    dp_slow = config.zero_stage < 3
+    split_tp = config.tp > 1 and config.tp <= b.per_node_cap
+    tp_split = best_group_time(lambda lk: cost.tp_layer_comm(model, job, b.placement, lk, cluster), config.tp,
+                               b.intra, b.inter, b.max_nodes, b.per_node_cap, 2, b.span) if split_tp else b.tp
+
+    def zero3(cap: int) -> tuple[float, float]:
+        """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
+        if config.zero_stage < 3:
+            return b.ag, b.rs
+        w_bytes, g_bytes, _ = job.bytes_per_param_state
+        k = b.constants(0)
+        return tuple(best_group_time(lambda lk, kind=kind, size=size: cost.collective_time(kind, size, lk, cluster),
+                                     n_dp, b.intra, cut, b.max_nodes, cap, 2, b.span)
+                     for kind, size in (("all_gather", k.layer_params * w_bytes),
+                                        ("reduce_scatter", k.layer_params * g_bytes)))
+
+    def across(cp_time: float) -> float:
+        value = ctx.with_slow_stage(b.unit(b.tp, cp_time, *zero3(narrow)), dp_slow, narrow)  # (a)
+        if split_tp:  # (b)
+            value = min(value, ctx.with_slow_stage(b.unit(tp_split, cp_time, *zero3(b.per_node_cap)), dp_slow,
+                                                   b.per_node_cap))
+        return value
+
+    cases = {}
+    if config.cp > 1:
+        cases["cp"] = across(cost.cp_layer_comm(model, job, b.placement, min(b.intra, cut), False, cluster))
+    if config.dp > 1:
+        cases["dp"] = across(b.cp)
+    return cases
 
 
 def lower_bound(instance, config: Config, caps: list[int] | None = None) -> float:

@@ -143,27 +143,7 @@ def anneal(instance, config: Config, *, seed: int = 0, max_moves: int | None = N
     best, best_layers, best_perm = sc.total, list(sc.layers), list(sc.perm)
     history = [(time.perf_counter() - t_start, best)]
 
-    def draw():
-        """A scored proposal; None if 100 draws in a row were no-ops (nothing left to move)."""
-        for _ in range(100):
-            out = moves_gen.propose()
-            if out is not None:
-                return out
-        return None
-
-    # initial temperatures from the spread of sampled move deltas (all rejected): time, and slack on ties
-    uphill, tie_uphill = [], []
-    for _ in range(CALIBRATION_MOVES if moves_gen.kinds and budget != 0 else 0):
-        out = draw()
-        if out is None:
-            break
-        if out[1] is not None and out[1] > sc.total:
-            uphill.append(out[1] - sc.total)
-        elif out[1] == sc.total and sc.pending_slack > sc.slack:
-            tie_uphill.append(sc.pending_slack - sc.slack)
-        sc.reject()
-    t0 = float(np.median(uphill)) / math.log(2) if uphill else max(sc.total * 1e-6, 1e-12)
-    s0 = float(np.median(tie_uphill)) / math.log(2) if tie_uphill else t0
+    t0, s0 = _initial_temperatures(sc, moves_gen, CALIBRATION_MOVES if moves_gen.kinds and budget != 0 else 0)
     stall = max(1, budget // 10) if budget else 2000
     moves = accepted = last_best = 0
     while moves_gen.kinds and (budget is None or moves < budget):
@@ -174,19 +154,12 @@ def anneal(instance, config: Config, *, seed: int = 0, max_moves: int | None = N
         # binds before the moves are spent still ends cold
         done = max(moves / budget if budget else 0.0, (now - t_start) / time_limit_s if time_limit_s else 0.0)
         cooled = FINAL_TEMPERATURE_RATIO ** min(done, 1.0)
-        out = draw()
+        out = _draw(moves_gen)
         if out is None:
             break
         kind, total = out
         moves += 1
-        if total is None:
-            accept = False
-        elif total != sc.total:  # Metropolis on the change of predicted iteration time (seconds)
-            accept = total < sc.total or rng.random() < math.exp(-(total - sc.total) / (t0 * cooled))
-        else:  # an exact tie: Metropolis on the slack (sum of all group times below the maxima)
-            d = sc.pending_slack - sc.slack
-            accept = d <= 0 or rng.random() < math.exp(-d / (s0 * cooled))
-        if accept:
+        if _accept(sc, total, rng, t0 * cooled, s0 * cooled):
             moves_gen.commit(kind, total)
             accepted += 1
             if total < best:
@@ -202,9 +175,53 @@ def anneal(instance, config: Config, *, seed: int = 0, max_moves: int | None = N
         if progress is not None and moves % 1000 == 0:
             progress(moves, best)
     placement = placement_for(config, best_layers, best_perm[:world])
+    return AnnealResult(placement=placement, estimate=_checked_estimate(instance, placement, best), moves=moves,
+                        accepted=accepted, wall_time_s=time.perf_counter() - t_start, start_s=start_s,
+                        history=history)
+
+
+def _draw(moves_gen: Moves):
+    """A scored proposal (kind, total or None); None if 100 draws in a row were no-ops (nothing left to move)."""
+    for _ in range(100):
+        out = moves_gen.propose()
+        if out is not None:
+            return out
+    return None
+
+
+def _initial_temperatures(sc, moves_gen: Moves, samples: int) -> tuple[float, float]:
+    """Initial temperatures from the spread of sampled move deltas (all rejected): for time, and for the slack
+    that breaks exact ties."""
+    uphill, tie_uphill = [], []
+    for _ in range(samples):
+        out = _draw(moves_gen)
+        if out is None:
+            break
+        if out[1] is not None and out[1] > sc.total:
+            uphill.append(out[1] - sc.total)
+        elif out[1] == sc.total and sc.pending_slack > sc.slack:
+            tie_uphill.append(sc.pending_slack - sc.slack)
+        sc.reject()
+    t0 = float(np.median(uphill)) / math.log(2) if uphill else max(sc.total * 1e-6, 1e-12)
+    s0 = float(np.median(tie_uphill)) / math.log(2) if tie_uphill else t0
+    return t0, s0
+
+
+def _accept(sc, total: float | None, rng, temperature: float, slack_temperature: float) -> bool:
+    """Metropolis on the change of predicted iteration time (seconds); on an exact tie, on the slack (the sum of
+    all group times below the maxima). A proposal that does not fit (total None) is rejected."""
+    if total is None:
+        return False
+    if total != sc.total:
+        return total < sc.total or rng.random() < math.exp(-(total - sc.total) / temperature)
+    d = sc.pending_slack - sc.slack
+    return d <= 0 or rng.random() < math.exp(-d / slack_temperature)
+
+
+def _checked_estimate(instance, placement: Placement, best: float):
+    """The evaluator's estimate of the annealed placement, which must equal the incremental scorer's."""
     estimate = evaluate(instance, placement, check=True)
     if not estimate.fits or abs(estimate.iteration_time_s - best) > 1e-9 * best:
         raise RuntimeError(f"annealing scorer disagrees with evaluate(): {best} vs {estimate.iteration_time_s} "
                            f"(fits={estimate.fits})")
-    return AnnealResult(placement=placement, estimate=estimate, moves=moves, accepted=accepted,
-                        wall_time_s=time.perf_counter() - t_start, start_s=start_s, history=history)
+    return estimate

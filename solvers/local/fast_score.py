@@ -224,43 +224,12 @@ class FastScorer:
     def propose_perm(self, changes: dict) -> float | None:
         """Score the permutation with `changes` (position -> new GPU) applied; None if a stage stops fitting.
         The changes are written into `perm` at once: call `commit()` or `reject()` next."""
-        S, tp, cp, pp, perm = self.S, self.tp, self.cp, self.pp, self.perm
+        pp, perm = self.pp, self.perm
         old = {x: perm[x] for x in changes}
         for x, g in changes.items():
             perm[x] = g
-        touched: dict = {}  # (kind, stage) -> {index: value}
-        counts: dict = {}
-        cls = self.class_of
-        for x in changes:
-            if x >= self.world or cls[old[x]] == cls[perm[x]]:  # same class: no group or send changes
-                continue
-            i, q = divmod(x, S)
-            if tp > 1:
-                touched.setdefault(("tp", i), {})[q // tp] = None
-            if cp > 1:
-                touched.setdefault(("cp", i), {})[(q // (tp * cp)) * tp + q % tp] = None
-            if self.dp * cp > 1:
-                touched.setdefault(("dp", i), {})[q % tp] = None
-            if i > 0:
-                touched.setdefault(("pair", i - 1), {})[q] = None
-            if i < pp - 1:
-                touched.setdefault(("pair", i), {})[q] = None
-            if self.vpp > 1 and i in (0, pp - 1):
-                touched.setdefault(("pair", pp - 1), {})[q] = None
-            if self.multi_type and self.type_of[old[x]] != self.type_of[perm[x]]:
-                c = counts.setdefault(i, list(self.counts[i]))
-                c[self.type_of[old[x]]] -= 1
-                c[self.type_of[perm[x]]] += 1
-        for (kind, i), idx in touched.items():
-            for g in idx:
-                if kind == "pair":
-                    src = perm[i * S + g]
-                    dst = perm[(i + 1) * S + g] if i < pp - 1 else perm[g]
-                    idx[g] = self._pair_value(src, dst)
-                elif kind == "dp":
-                    idx[g] = self.group_id(self._group_positions("dp", i, g))
-                else:
-                    idx[g] = self._group_value(kind, self.group_id(self._group_positions(kind, i, g)))
+        touched, counts = self._touched_groups(changes, old)
+        self._value_touched(touched)
         new_max, new_dp = {}, {}
         stages, pair_max = list(self.stages), list(self.pair_max)
         slack = self.slack
@@ -292,6 +261,49 @@ class FastScorer:
         if not all(stages[i][4] for i in dirty):
             return None
         return self._compose(stages, pair_max[:pp - 1], pair_max[-1] if self.vpp > 1 else 0.0)
+
+    def _touched_groups(self, changes: dict, old: dict) -> tuple[dict, dict]:
+        """The groups and sends a permutation change touches, (kind, stage) -> {index: None}, and the new GPU-type
+        counts of the stages whose types change."""
+        S, tp, cp, pp, perm = self.S, self.tp, self.cp, self.pp, self.perm
+        touched: dict = {}  # (kind, stage) -> {index: value}
+        counts: dict = {}
+        cls = self.class_of
+        for x in changes:
+            if x >= self.world or cls[old[x]] == cls[perm[x]]:  # same class: no group or send changes
+                continue
+            i, q = divmod(x, S)
+            if tp > 1:
+                touched.setdefault(("tp", i), {})[q // tp] = None
+            if cp > 1:
+                touched.setdefault(("cp", i), {})[(q // (tp * cp)) * tp + q % tp] = None
+            if self.dp * cp > 1:
+                touched.setdefault(("dp", i), {})[q % tp] = None
+            if i > 0:
+                touched.setdefault(("pair", i - 1), {})[q] = None
+            if i < pp - 1:
+                touched.setdefault(("pair", i), {})[q] = None
+            if self.vpp > 1 and i in (0, pp - 1):
+                touched.setdefault(("pair", pp - 1), {})[q] = None
+            if self.multi_type and self.type_of[old[x]] != self.type_of[perm[x]]:
+                c = counts.setdefault(i, list(self.counts[i]))
+                c[self.type_of[old[x]]] -= 1
+                c[self.type_of[perm[x]]] += 1
+        return touched, counts
+
+    def _value_touched(self, touched: dict) -> None:
+        """Each touched group's new link value (a group id for dp groups), in place."""
+        S, pp, perm = self.S, self.pp, self.perm
+        for (kind, i), idx in touched.items():
+            for g in idx:
+                if kind == "pair":
+                    src = perm[i * S + g]
+                    dst = perm[(i + 1) * S + g] if i < pp - 1 else perm[g]
+                    idx[g] = self._pair_value(src, dst)
+                elif kind == "dp":
+                    idx[g] = self.group_id(self._group_positions("dp", i, g))
+                else:
+                    idx[g] = self._group_value(kind, self.group_id(self._group_positions(kind, i, g)))
 
     def propose_layers(self, layers: list) -> float | None:
         """Score the partition `layers` (same map); None if a stage stops fitting or holds no layer."""
