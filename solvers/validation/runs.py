@@ -9,6 +9,8 @@ Defaults for blank cells (documented in docs/validation.md):
   README and Korthikanti's baselines without sequence parallelism.
 - TP communication overlap: on where the notes say `--tp-comm-overlap`.
 - Software stack: `fsdp` where the notes say PyTorch FSDP (llm-foundry), else `megatron`.
+- Per-row assumptions on the packaged reference files (ROW_ASSUMPTIONS, row_assumptions.csv): applied on load,
+  recorded on the run (`Run.assumptions`), never applied to another file.
 Measured iteration time: `iter_s`; else global batch x seq / (tokens/s per GPU x GPUs); else from TFLOP/s
 per GPU with the source's own FLOP formula (SC21: 96 B s l h^2 (1 + s/6h + V/16lh); Megatron-Core README:
 Megatron-LM's `num_floating_point_operations`).
