@@ -18,7 +18,8 @@ far beyond what the move budget assumes), the one clock-dependent stop without a
 phase 1 takes PHASE1_SHARES of what is left (half for the best plan so far: on a short budget depth on the
 likely winner pays most), at most PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals each, phase 2 runs rounds until
 FINAL_SHARE of the time it started with is left, and that goes to one more anneal of the best plan found.
-Every improvement is recorded in the search's history (time, best), from which the gap over time follows (the bound is fixed once the enumeration ends).
+Every improvement is recorded in the search's history (time, best), from which the gap over time follows (the
+bound is fixed once the enumeration ends).
 """
 
 from __future__ import annotations
