@@ -27,9 +27,8 @@ PHYSICS_TERMS = {
     "fp8_gemm": True,  # FP8 GEMMs at the FP8 peak (off: FP8 runs scored as bf16)
     "op_level_selective": True,  # torchtitan's selective checkpointing recomputes every other matmul
     "eager_elementwise": True,  # torchtitan without torch.compile runs unfused elementwise kernels
-    # NCCL reaches a fraction of nominal link speed. Off: an earlier protocol (folds starting from the stored
-    # calibration) showed it raising the cross-source error; the leak-free ablation now shows 8.3% -> 7.1% pooled
-    # with it on (docs/physics.md), a candidate to switch on once plans and programs are re-checked with it
+    # NCCL reaches a fraction of nominal link speed. Off: it lowers the cross-source error (6.0% -> 5.4% pooled)
+    # but makes CP-SAT 12-35x slower on the exact program's test instances (docs/physics.md)
     "collective_efficiency": False,
     "fp8_weight_copies": True,  # FP8 weight copies and transposes in memory
     "imperfect_tp_overlap": True,  # overlapped (async) tp communication still costs part of its time
