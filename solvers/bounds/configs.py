@@ -283,9 +283,8 @@ def _crossing_cases(instance, config: Config, cut: float, b: Parts) -> dict[str,
     ctx = _CutContext(b, cut, b.distinct_stages(), b.dp_floor(), b.optimizer + b.gpu_type.iteration_overhead_s)
     cases = {}
     if config.tp > 1:
-        tp_cut = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra, cut,
-                                 b.max_nodes, b.per_node_cap, 2, b.span)
-        cases["tp"] = ctx.with_slow_stage(b.unit(tp_cut, b.cp, b.ag, b.rs), False, b.per_node_cap)
+        cases["tp"] = ctx.with_slow_stage(b.unit(_tp_time(instance, b, cut), b.cp, b.ag, b.rs), False,
+                                          b.per_node_cap)
     if config.dp * config.cp > 1:
         cases.update(_dp_crossing_cases(instance, config, ctx))
     if config.pp > 1:
@@ -293,6 +292,13 @@ def _crossing_cases(instance, config: Config, cut: float, b: Parts) -> dict[str,
         slow = cost.p2p_time(cost.activation_message_bytes(model, job, p) / sp, cut, False, cluster)
         cases["pp"] = b.pipeline([b.u] * config.pp) + b.chain(max(0.0, slow - b.c_min)) + ctx.dp_floor + ctx.fixed_part
     return cases
+
+
+def _tp_time(instance, b: Parts, bandwidth: float) -> float:
+    """The least per-layer tp communication of a tp group whose links across nodes run at `bandwidth`."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    return best_group_time(lambda lk: cost.tp_layer_comm(model, job, b.placement, lk, cluster), b.config.tp,
+                           b.intra, bandwidth, b.max_nodes, b.per_node_cap, 2, b.span)
 
 
 def _dp_crossing_cases(instance, config: Config, ctx: _CutContext) -> dict[str, float]:
@@ -306,8 +312,7 @@ def _dp_crossing_cases(instance, config: Config, ctx: _CutContext) -> dict[str, 
     narrow = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
     dp_slow = config.zero_stage < 3
     split_tp = config.tp > 1 and config.tp <= b.per_node_cap
-    tp_split = best_group_time(lambda lk: cost.tp_layer_comm(model, job, b.placement, lk, cluster), config.tp,
-                               b.intra, b.inter, b.max_nodes, b.per_node_cap, 2, b.span) if split_tp else b.tp
+    tp_split = _tp_time(instance, b, b.inter) if split_tp else b.tp
 
     def zero3(cap: int) -> tuple[float, float]:
         """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
