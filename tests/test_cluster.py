@@ -138,14 +138,21 @@ def links(c, names):
     return cost.group_links(c, [gpu(c, x) for x in names])
 
 
-def test_ring_all_reduce_inside_one_node():
+@pytest.fixture
+def line_rate(monkeypatch):
+    """The ring formula at the links' own speed: NCCL's share of a nominal speed (collective_efficiency) is a
+    separate factor, checked against nccl-tests in tests/test_physics.py."""
+    monkeypatch.setitem(cost.PHYSICS_TERMS, "collective_efficiency", False)
+
+
+def test_ring_all_reduce_inside_one_node(line_rate):
     c = cluster_of(2)
     # 2 (n-1)/n x M / B + 2 (n-1) alpha = 1.5 / 400 s + 6 x 5 us
     t = cost.collective_time("all_reduce", M, links(c, ["n0:0", "n0:1", "n0:2", "n0:3"]), c)
     assert t == pytest.approx(3.75e-3 + 30e-6, rel=1e-12)
 
 
-def test_reduce_scatter_and_all_gather_move_half_of_an_all_reduce():
+def test_reduce_scatter_and_all_gather_move_half_of_an_all_reduce(line_rate):
     c = cluster_of(2)
     group = links(c, ["n0:0", "n0:1", "n0:2", "n0:3"])
     # (n-1)/n x M / B + (n-1) alpha = 0.75 / 400 s + 3 x 5 us
@@ -153,7 +160,7 @@ def test_reduce_scatter_and_all_gather_move_half_of_an_all_reduce():
         assert cost.collective_time(kind, M, group, c) == pytest.approx(1.875e-3 + 15e-6, rel=1e-12)
 
 
-def test_hierarchical_all_reduce_across_two_nodes():
+def test_hierarchical_all_reduce_across_two_nodes(line_rate):
     c = cluster_of(2)
     group = links(c, [f"n{i}:{j}" for i in range(2) for j in range(4)])
     assert (group.size, group.nodes, group.per_node) == (8, 2, 4)
@@ -163,14 +170,14 @@ def test_hierarchical_all_reduce_across_two_nodes():
     assert cost.collective_time("all_reduce", M, group, c) == pytest.approx(8.81e-3, rel=1e-12)
 
 
-def test_one_gpu_per_node_is_a_flat_ring_over_the_slowest_inter_node_link():
+def test_one_gpu_per_node_is_a_flat_ring_over_the_slowest_inter_node_link(line_rate):
     c = cluster_of(4, node_pairs=[{"nodes": ["n1", "n3"], "gb_per_s": 25.0}])
     group = links(c, ["n0:0", "n1:0", "n2:0", "n3:0"])
     # 2 x 3/4 x M / 25 GB/s + 6 x 15 us
     assert cost.collective_time("all_reduce", M, group, c) == pytest.approx(0.06 + 90e-6, rel=1e-12)
 
 
-def test_uneven_group_uses_the_fewest_members_per_node_for_the_inter_node_shard():
+def test_uneven_group_uses_the_fewest_members_per_node_for_the_inter_node_shard(line_rate):
     c = cluster_of(2)
     group = links(c, ["n0:0", "n0:1", "n0:2", "n1:0"])  # k = 1: no intra phase, whole message over one NIC
     assert cost.collective_time("all_reduce", M, group, c) == pytest.approx(M / 50e9 + 2 * 15e-6, rel=1e-12)
@@ -182,7 +189,7 @@ def test_trivial_collectives_cost_nothing():
     assert cost.collective_time("all_reduce", 0.0, links(c, ["n0:0", "n1:0"]), c) == 0.0
 
 
-def test_slower_intra_pair_in_the_group_slows_the_collective():
+def test_slower_intra_pair_in_the_group_slows_the_collective(line_rate):
     c = cluster_of(1, gpu_pairs=[{"gpus": ["n0:2", "n0:3"], "gb_per_s": 100.0}])
     fast = cost.collective_time("all_reduce", M, links(c, ["n0:0", "n0:1"]), c)
     slow = cost.collective_time("all_reduce", M, links(c, ["n0:0", "n0:1", "n0:2", "n0:3"]), c)

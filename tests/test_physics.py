@@ -100,11 +100,8 @@ def test_collective_efficiency_matches_nccl_tests():
     NVLink SHARP. A 4 GiB all-reduce over 8 GPUs must come out at 340-390 GB/s bus bandwidth."""
     inst = build_instance(small_instance_dict(1, 8))
     message = 4 * GIB
-    cost.PHYSICS_TERMS["collective_efficiency"] = True  # off by default (docs/physics.md, ablations)
-    try:
-        t = collective_time("all_reduce", message, GroupLinks(8, 450.0, float("inf"), 1, 8), inst.cluster)
-    finally:
-        cost.PHYSICS_TERMS["collective_efficiency"] = False
+    assert cost.PHYSICS_TERMS["collective_efficiency"]  # on by default (docs/physics.md, ablations)
+    t = collective_time("all_reduce", message, GroupLinks(8, 450.0, float("inf"), 1, 8), inst.cluster)
     busbw = 2 * 7 / 8 * message / t / 1e9
     assert inst.cluster.nominal_levels == (True, True)
     assert 340 <= busbw <= 390

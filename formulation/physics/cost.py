@@ -27,9 +27,9 @@ PHYSICS_TERMS = {
     "fp8_gemm": True,  # FP8 GEMMs at the FP8 peak (off: FP8 runs scored as bf16)
     "op_level_selective": True,  # torchtitan's selective checkpointing recomputes every other matmul
     "eager_elementwise": True,  # torchtitan without torch.compile runs unfused elementwise kernels
-    # NCCL reaches a fraction of nominal link speed. Off: it lowers the cross-source error (6.0% -> 5.4% pooled)
-    # but makes CP-SAT 12-35x slower on the exact program's test instances (docs/physics.md)
-    "collective_efficiency": False,
+    # NCCL reaches a fraction of nominal link speed (nccl-tests): leave-one-source-out 6.0% -> 5.4% pooled
+    # with it on (docs/physics.md); the exact programs take their collective constants from collective_time
+    "collective_efficiency": True,
     "fp8_weight_copies": True,  # FP8 weight copies and transposes in memory
     "imperfect_tp_overlap": True,  # overlapped (async) tp communication still costs part of its time
     "unfused_loss_buffers": True,  # torchtitan's fp32 cross entropy keeps log-softmax and its gradient
