@@ -28,7 +28,7 @@ from formulation.space import Config, placement_for, schedules
 
 from solvers import backends
 from solvers.search.driver import closing_status, kth_best, prunes, record_improvement
-from solvers.search.objectives import OBJECTIVES, cost_per_million_tokens, gpus_value, tokens_per_iteration
+from solvers.search.objectives import OBJECTIVES, Objective
 
 INF = float("inf")
 
@@ -160,11 +160,10 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
     deadline = start + time_limit_s if time_limit_s else INF
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
-    if objective == "gpus" and not required_tokens_per_s:
-        raise ValueError("objective 'gpus' needs required_tokens_per_s (--required-tokens-per-s)")
+    goal = OBJECTIVES[objective]
+    max_time = goal.max_time(instance, required_tokens_per_s)  # refuses gpus without a throughput
     islands = islands if islands is not None else find_islands(instance.cluster)
     result = ComposeResult([], 0.0, "feasible", 0.0, objective, islands)
-    max_time = tokens_per_iteration(instance) / required_tokens_per_s if objective == "gpus" else INF
     options: list[Option] = []
     shortfall = None
     tables_of: dict[Config, list] = {}
@@ -187,24 +186,22 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
                 shortfall = (excess, why)
             continue
         tables_of[config] = tables
-        options += _options(instance, config, tables, objective, max_time)
+        options += _options(instance, config, tables, goal, max_time)
     result.candidates = len(options)
     if not options:
-        if objective == "gpus" and tables_of:
-            raise InfeasibleError(f"no configuration can reach {required_tokens_per_s:g} tokens/s on this cluster "
-                                  f"(its lower bounds are all slower)")
+        if tables_of and goal.unreachable(required_tokens_per_s):
+            raise InfeasibleError(goal.unreachable(required_tokens_per_s))
         raise InfeasibleError(f"no configuration fits in memory on any island; the closest is {shortfall[1]}"
                               if shortfall else "no configuration matches the cluster and batch: a stage of "
                               "tp x cp x dp GPUs must tile the nodes of some island and dp divide global_batch_size")
     options.sort(key=lambda o: (o.lower_bound, o.config))
     backend = backends.get(solver)
     try:
-        _solve_options(instance, options, tables_of, result, backend, objective, max_time, deadline, threads, seed,
+        _solve_options(instance, options, tables_of, result, backend, goal, max_time, deadline, threads, seed,
                        top, progress)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
-    _close(options, result, complete, top, time_limit_s,
-           "no composition fits" if objective != "gpus" else f"no plan reaches {required_tokens_per_s:g} tokens/s")
+    _close(options, result, complete, top, time_limit_s, goal.no_plan(required_tokens_per_s))
     result.wall_time_s = time.perf_counter() - start
     return result
 
@@ -231,18 +228,18 @@ def _close(options: list[Option], result: ComposeResult, complete: bool, top: in
     _, result.status = closing_status(best, result.bound, result.stopped)
 
 
-def _options(instance, config: Config, tables, objective: str, max_time: float) -> list[Option]:
-    """The programs of one configuration, each with its lower bound in the objective's unit: one for time; one
-    if its time bound can reach the required throughput for gpus (GPUs first, then time); one per vector of
-    stage counts per GPU type for cost (so that the price is a constant of each program)."""
+def _options(instance, config: Config, tables, objective: Objective, max_time: float) -> list[Option]:
+    """The programs of one configuration, each with its lower bound in the objective's unit: one if its time
+    bound can reach the required throughput (for gpus: GPUs first, then time), or one per vector of stage counts
+    per GPU type where the objective needs the price to be a constant of each program (cost)."""
     P, v = config.pp, config.vpp
     usable = [k for k, tb in enumerate(tables) if tb.slots and max(tb.caps) >= v]
     lb_time = time_lower_bound(instance, config, tables, usable)
-    if objective == "time":
-        return [Option(config, lb_time)]
-    if objective == "gpus":
-        world = config.tp * config.cp * config.dp * P
-        return [Option(config, gpus_value(world, lb_time, max_time))] if lb_time <= max_time else []
+    world = config.tp * config.cp * config.dp * P
+    if not objective.per_type_programs:
+        if not objective.reaches(lb_time, max_time):
+            return []  # too slow for the required throughput whatever the composition
+        return [Option(config, objective.of_time(lb_time, instance, world, None, max_time))]
     types = sorted({tables[k].island.gpu_type for k in usable})
     room = [sum(len(tables[k].slots) for k in usable if tables[k].island.gpu_type == t) for t in types]
     options = []
@@ -252,7 +249,8 @@ def _options(instance, config: Config, tables, objective: str, max_time: float) 
         on = {t: n for t, n in zip(types, counts) if n}
         used = [k for k in usable if tables[k].island.gpu_type in on]
         lb = time_lower_bound(instance, config, tables, used, on)
-        options.append(Option(config, cost_per_million_tokens(instance, _rate(instance, config, on), lb), stages_on=on))
+        options.append(Option(config, objective.of_time(lb, instance, world, _rate(instance, config, on), max_time),
+                              stages_on=on))
     return options
 
 
@@ -301,7 +299,7 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
         tables = tabulate_stages(instance, config, tables_of[config])  # adds the layer-count tables, once
         kth = _kth(options, top)
         rate = _rate(instance, config, option.stages_on) if option.stages_on else None
-        cutoff = OBJECTIVES[objective].time_cutoff(kth, instance, rate, max_time)
+        cutoff = objective.time_cutoff(kth, instance, rate, max_time)
         try:
             comp: Composition = build_composition(instance, config, tables, option.stages_on, cutoff)
         except ValueError:
@@ -314,23 +312,21 @@ def _solve_options(instance, options, tables_of, result, backend, objective, max
         if out.values is not None:
             placement = comp.decode(out.values)
             est = evaluate(instance, placement)
-            if est.fits and (objective != "gpus" or est.iteration_time_s <= max_time * (1 + 1e-12)):
+            if est.fits and objective.reaches(est.iteration_time_s, max_time, slack=1e-12):
                 option.placement, option.estimate = placement, est
-                option.value = OBJECTIVES[objective].value(instance, placement, est, max_time)
+                option.value = objective.value(instance, placement, est, max_time)
                 record_improvement(result.history, result.started, option.value)
-            elif objective == "gpus" and out.status == "optimal":
+            elif objective.required_cutoff and out.status == "optimal":
                 option.status, option.bound = "infeasible", INF  # its fastest plan is too slow
                 continue
         if out.status == "optimal":
             option.bound = option.value if option.value is not None else INF
             result.solved += 1
         elif out.status == "infeasible":  # nothing as good as the cutoff
-            option.bound = INF if cutoff is None or objective == "gpus" else kth
+            option.bound = objective.refuted_bound(kth, cutoff)
             result.refuted += cutoff is not None
         else:
-            option.bound = option.lower_bound
-            if objective == "time" and out.bound_s is not None:
-                option.bound = max(option.bound, out.bound_s)
+            option.bound = objective.bound_after(option.lower_bound, out.bound_s)
             if out.status == "error":
                 result.errors.append(f"{config.describe()}: {out.message}")
         if progress:
