@@ -13,7 +13,7 @@ from formulation.physics.memory import stage_memory
 from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
 from solvers.search.objectives import OBJECTIVES
-from solvers.search.uniform import NoPlanInTime
+from solvers.search.driver import NoPlanInTime
 
 UNITS = {name: objective.unit for name, objective in OBJECTIVES.items()}
 
