@@ -21,7 +21,8 @@ from conftest import H100_128, REPO, JumpingClock, build_instance
 H100_1024 = REPO / "instances" / "h100_1024.json"  # searched for several seconds: time to interrupt it
 from formulation import evaluate
 from solvers import backends, solve
-from solvers.search.uniform import NoPlanInTime, search
+from solvers.search.driver import NoPlanInTime
+from solvers.search.uniform import search
 
 pulp = pytest.importorskip("pulp")
 

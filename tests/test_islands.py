@@ -242,7 +242,7 @@ def test_a_budget_too_short_for_any_program_returns_the_default_without_a_bound(
     type-blind Megatron default (status timeout, no bound claimed), not an error; the cost objective has no
     such default and still says that no plan came in time."""
     import solvers.search.mixed as mixed
-    from solvers.search.uniform import NoPlanInTime
+    from solvers.search.driver import NoPlanInTime
     instance = instance_from_dict(mixed_dict(4), "<test>", REPO)
     monkeypatch.setattr(mixed, "time", JumpingClock())
     plan = solve(instance, time_limit=1.0)

@@ -30,9 +30,10 @@ from formulation.placement import load_placement
 from solvers import solve
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables
+from solvers.search.driver import NoPlanInTime
 from solvers.search.islands import UNITS
 from solvers.search.objectives import objective_value
-from solvers.search.uniform import MAX_EXACT_SIZE, NoPlanInTime
+from solvers.search.uniform import MAX_EXACT_SIZE
 from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2

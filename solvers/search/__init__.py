@@ -1,2 +1,2 @@
-"""Search drivers: the bound-and-prune search over configurations (uniform clusters), the composition
-search (mixed GPU types), and the Megatron-style default placements."""
+"""Searches: the bound-and-prune driver, and what it runs over: the configurations of uniform clusters, the
+island compositions of mixed GPU types; also the Megatron-style default placements."""

@@ -36,6 +36,7 @@ from formulation.space import placement_for
 from solvers.local.annealing import anneal
 from solvers.local.partition import best_partition
 from solvers.local.relocate import relocate_weak_nodes
+from solvers.search.driver import kth_of, prunes
 
 INF = float("inf")
 # phase 1: the placements of this many best configurations are annealed (ANNEAL_MOVES proposals each without
@@ -64,14 +65,13 @@ MIN_ANNEAL_S = 0.5
 
 
 def close_gap(instance, candidates, result, deadline: float, seed: int, top: int, moves: int | None,
-              kth_best, improved, solver: str = "cpsat") -> None:
+              solver: str = "cpsat") -> None:
     """Both phases (module docstring). `moves`: proposals per anneal (None: share the time left until the
-    deadline); `kth_best(candidates, top)` is the value a configuration's bound must beat to stay open;
-    `improved(result, value)` records a new best."""
+    deadline); a configuration stays open while its bound beats the K-th best of the candidates' values."""
     incumbent = min((c.estimate.iteration_time_s for c in candidates if c.estimate is not None), default=INF)
-    open_ = [c for c in candidates if c.lower_bound_s < (c.estimate.iteration_time_s if c.estimate else incumbent)
+    open_ = [c for c in candidates if c.lower_bound < (c.estimate.iteration_time_s if c.estimate else incumbent)
              * (1 - 1e-9)]
-    first = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound_s, c.config))
+    first = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound, c.config))
     first = first[:max(ANNEAL_CONFIGURATIONS, top)]
     now = time.perf_counter()
     timed = deadline != INF and moves is None
@@ -80,12 +80,11 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
         if time.perf_counter() >= deadline:
             break
         # relocation is a greedy pass of evaluate() calls: at most a tenth of what is left with a time limit
-        _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10,
-                  improved)
+        _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10)
         # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it)
         share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
         count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES
-        if _anneal(instance, cand, result, seed, count, share, deadline, improved):
+        if _anneal(instance, cand, result, seed, count, share, deadline):
             done.add(cand.config)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
@@ -93,60 +92,60 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     budget_end = min(deadline, time.perf_counter() + GAP_BUDGET_S) if deadline == INF else deadline
     if timed:  # the last FINAL_SHARE of the time deepens the best plan found (below)
         budget_end = deadline - FINAL_SHARE * (deadline - time.perf_counter())
-    _rounds(instance, candidates, result, seed, top, moves, kth_best, improved, solver, done, budget_end,
+    _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end,
             *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)))
     if timed and time.perf_counter() < deadline:
         best = min((c for c in candidates if c.estimate is not None), key=lambda c: (c.estimate.iteration_time_s,
                                                                                      c.config))
-        _anneal(instance, best, result, seed + 1, None, deadline - time.perf_counter(), deadline, improved)
+        _anneal(instance, best, result, seed + 1, None, deadline - time.perf_counter(), deadline)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
 
 
-def _rounds(instance, candidates, result, seed, top, moves, kth_best, improved, solver, done, budget_end,
-            rounds: int, move_budget: float) -> None:
+def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end, rounds: int,
+            move_budget: float) -> None:
     """Phase 2 (module docstring): at most `rounds` rounds and `move_budget` proposals, until `budget_end`."""
     base = moves or ANNEAL_MOVES
     spent = 0  # proposals given to phase 2's anneals
     for r in range(rounds):
-        order = sorted((c for c in candidates if c.lower_bound_s < kth_best(candidates, top) * (1 - 1e-9)),
-                       key=lambda c: (c.lower_bound_s, c.config))
+        order = sorted((c for c in candidates if not prunes(c.lower_bound, kth_of(candidates, top))),
+                       key=lambda c: (c.lower_bound, c.config))
         order = [c for c in order if r > 0 or c.config not in done]
         if not order and r > 0:
             break
         for cand in order:
             if time.perf_counter() >= budget_end:
                 return
-            if cand.lower_bound_s >= kth_best(candidates, top) * (1 - 1e-9):
+            if prunes(cand.lower_bound, kth_of(candidates, top)):
                 continue  # the incumbent fell below its bound during this round
             if r == 0:
-                _relocate(instance, cand, result, budget_end, improved)
+                _relocate(instance, cand, result, budget_end)
             if spent + base * 2 ** r > move_budget:
                 return
             spent += base * 2 ** r
             start = _shuffled_start(instance, cand, seed + r) if r % 2 else cand.placement
             if _anneal(instance, cand, result, seed + r, base * 2 ** r, budget_end - time.perf_counter(),
-                       budget_end, improved, start=start, repartition=solver):
+                       budget_end, start=start, repartition=solver):
                 result.gap_annealed += 1
 
 
-def _relocate(instance, cand, result, deadline, improved) -> None:
+def _relocate(instance, cand, result, deadline) -> None:
     if cand.placement is None:
         return
     moved = relocate_weak_nodes(instance, cand.placement, None if deadline == INF else deadline)
     if moved.gpus != cand.placement.gpus:
         est = evaluate(instance, moved)
         if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
-            _keep(cand, moved, est, result, improved)
+            _keep(cand, moved, est, result)
 
 
-def _keep(cand, placement, est, result, improved) -> None:
+def _keep(cand, placement, est, result) -> None:
     cand.placement, cand.estimate = placement, est
-    cand.default_s = min(cand.default_s or INF, est.iteration_time_s)
-    improved(result, est.iteration_time_s)
+    cand.value = min(cand.value or INF, est.iteration_time_s)
+    result.improved(est.iteration_time_s)
 
 
-def _anneal(instance, cand, result, seed, moves, time_s, deadline, improved, start="best",
+def _anneal(instance, cand, result, seed, moves, time_s, deadline, start="best",
             repartition: str | None = None) -> bool:
     """Anneal one configuration (from `start`, by default its best placement); keep what improves it. With
     `repartition` (a backend name) the annealed map's layers are re-split exactly. False if nothing fits."""
@@ -168,7 +167,7 @@ def _anneal(instance, cand, result, seed, moves, time_s, deadline, improved, sta
             if better.fits and better.iteration_time_s < est.iteration_time_s:
                 placement, est = split, better
     if est.fits and (cand.estimate is None or est.iteration_time_s < cand.estimate.iteration_time_s):
-        _keep(cand, placement, est, result, improved)
+        _keep(cand, placement, est, result)
     return True
 
 

@@ -13,7 +13,7 @@ from formulation.physics.memory import stage_memory
 from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
 from solvers.search.objectives import OBJECTIVES
-from solvers.search.uniform import NoPlanInTime
+from solvers.search.driver import NoPlanInTime
 
 UNITS = {name: objective.unit for name, objective in OBJECTIVES.items()}
 
@@ -42,10 +42,7 @@ def island_report(instance, placement, islands, objective: str = "time") -> list
         elif idle < S:
             why = f"{idle} GPUs left over, fewer than one stage's {S}"
         else:
-            why = {"time": "the proven fastest plan leaves them out: using more of them is no faster (a slower "
-                           "type or link would set the pace, or the stages would not balance)",
-                   "cost": "the proven cheapest plan per token leaves them out: they would add more price than speed",
-                   "gpus": "the required throughput is reached with fewer GPUs"}[objective]
+            why = OBJECTIVES[objective].idle_reason
         out.append({"island": isl.describe(cluster), "gpu_type": isl.gpu_type, "gpus": isl.num_gpus,
                     "stages": stages, "layers": sum(placement.layers_per_stage[i] for i in stages),
                     "idle_gpus": idle, "why_idle": why})
@@ -58,45 +55,40 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     from solvers import backends
 
     start = time.perf_counter()
+    goal = OBJECTIVES.get(objective)  # an unknown name is refused by compose_search
     backend = solver if solver in ("cbc", "cpsat") else ("cpsat" if backends.available()["cpsat"] else "cbc")
     try:
         found = compose_search(instance, solver=backend, objective=objective,
                                required_tokens_per_s=required_tokens_per_s, time_limit_s=time_limit, threads=threads,
                                seed=seed, top=top, progress=progress)
     except NoPlanInTime as exc:
-        default = _type_blind_default(instance) if objective == "time" else None
+        default = _type_blind_default(instance) if goal.value_is_time else None
         if default is None:
             raise
         return _default_in_time(instance, default, f"islands-{backend}", str(exc), start, seed)
     best = found.ranked[0]
-    value = best.value
+    value, bound = goal.reported(best.value, found.bound, best.placement)
     default = _type_blind_default(instance)
-    gap = max(0.0, (value - found.bound) / value) if value else 0.0
+    gap = max(0.0, (value - bound) / value) if value else 0.0
     islands = island_report(instance, best.placement, found.islands, objective)
     idle = sum(r["idle_gpus"] for r in islands)
     names = "; ".join(f"{r['island']}: stages {r['stages'] or 'none'}" for r in islands)
     note = (f"{len(found.islands)} islands ({names}); {found.candidates} configurations"
-            f"{' x stage counts per GPU type' if objective == 'cost' else ''} bounded, {found.solved} composition programs "
-            f"solved to optimality, {found.refuted} shown by their program to be no better than the incumbent, "
+            f"{' x stage counts per GPU type' if goal.per_type_programs else ''} bounded, "
+            f"{found.solved} composition programs solved to optimality, "
+            f"{found.refuted} shown by their program to be no better than the incumbent, "
             f"{found.pruned} pruned by bound, {found.infeasible} do not fit; "
-            f"{idle} GPU(s) idle")
-    if objective == "gpus":
-        note += f"; fewest GPUs reaching {required_tokens_per_s:g} tokens/s"
+            f"{idle} GPU(s) idle{goal.note(required_tokens_per_s)}")
     if found.stopped:
         note += f"; stopped by the {found.stopped}"
     if found.errors:
         note += f"; {len(found.errors)} program(s) failed: {found.errors[0]}"
-    if objective == "gpus":  # the value carries the time as a tie-break fraction: report whole GPUs
-        value, bound = float(best.placement.world_size), float(int(found.bound))
-        gap = max(0.0, (value - bound) / value)
-    else:
-        bound = found.bound
     time_s = best.estimate.iteration_time_s
     report = SolverReport(method=f"islands-{backend}", status=found.status, objective_s=time_s,
-                          bound_s=found.bound if objective == "time" else None, gap=gap,
+                          bound_s=found.bound if goal.value_is_time else None, gap=gap,
                           wall_time_s=time.perf_counter() - start, seed=seed, note=note, objective=objective,
                           objective_value=value, bound_value=bound, islands=islands)
-    if objective == "time" and default is not None and default[1].iteration_time_s < time_s:
+    if goal.value_is_time and default is not None and default[1].iteration_time_s < time_s:
         report.note += (f"; the type-blind Megatron default ({default[1].iteration_time_s:.4f} s, stages across "
                         f"GPU types) beats every island composition, so it is the plan; the bound covers "
                         f"compositions only")

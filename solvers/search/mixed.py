@@ -4,7 +4,9 @@ Every configuration (tp, pp, cp, dp, vpp, micro-batch, recompute, zero_stage) wh
 fits some island is a candidate, also when pp S is less than the cluster (idle GPUs). Each gets a cheap lower
 bound (H9) valid for every composition; candidates are solved exactly with the composition program
 (formulation/programs/composition.py) in order of bound until none can beat the incumbent, so the returned plan is
-optimal over the whole space of island compositions, with the gap stated when a time limit stops it.
+optimal over the whole space of island compositions, with the gap stated when a time limit stops it. The loop is
+the bound-and-prune driver that the one-type search runs too (solvers/search/driver.py); this module supplies
+the islands' configurations, their bounds, and the solving of one composition program.
 
 Objectives: "time" (iteration time), "cost" (GPU price per trained token: the used GPUs' price per hour x
 iteration time / tokens; the stage count per GPU type is enumerated so that the price is a constant of each
@@ -17,53 +19,39 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from formulation.programs.composition import Composition, build_composition, island_tables, role, tabulate_stages
 from formulation.errors import InfeasibleError
-from formulation.evaluate import Estimate, evaluate, stage_links
+from formulation.evaluate import evaluate, stage_links
 from formulation.programs.islands import Island, find_islands, island_slots
 from formulation.physics.memory import memory_coefficients
 from formulation.physics import cost
 from formulation.space import Config, placement_for, schedules
 
 from solvers import backends
-from solvers.search.driver import closing_status, kth_best, prunes, record_improvement
-from solvers.search.objectives import OBJECTIVES, cost_per_million_tokens, gpus_value, tokens_per_iteration
-
-INF = float("inf")
+from solvers.search.driver import (INF, Item, NoPlanInTime, Tally, bound_and_prune, closing_status, global_bound,
+                                   interruptible, time_left)
+from solvers.search.objectives import OBJECTIVES, Objective
 
 
 @dataclass
-class Option:
-    """One program of the search: a configuration, and for the cost objective the stages per GPU type."""
+class Option(Item):
+    """One program of the search: a configuration, and where the objective prices GPU types (cost) the stages
+    each type hosts. Its `value` is the objective's value of the plan found."""
 
-    config: Config
-    lower_bound: float  # in the objective's unit
     stages_on: dict | None = None  # cost objective: GPU type -> stages it hosts
-    status: str = "unsolved"
-    bound: float | None = None  # after solving
-    placement: object = None
-    estimate: Estimate | None = None
-    value: float | None = None  # objective value of the plan found
 
 
 @dataclass
-class ComposeResult:
-    ranked: list[Option]
-    bound: float  # objective unit
-    status: str
-    wall_time_s: float
-    objective: str
-    islands: list[Island]
-    candidates: int = 0
-    solved: int = 0
-    pruned: int = 0
-    infeasible: int = 0  # configurations whose stages fit nowhere (or no composition fits)
+class ComposeResult(Tally):
+    """`ranked`: options, best first; `infeasible`: configurations whose stages fit nowhere (or no composition
+    fits); `bound` in the objective's unit."""
+
+    bound: float = 0.0
+    objective: str = "time"
+    islands: list[Island] = field(default_factory=list)
     refuted: int = 0  # programs that proved nothing in them beats the incumbent (cutoff)
-    stopped: str = ""
-    errors: list[str] = field(default_factory=list)
-    history: list = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
 
 
 def configurations(instance, islands: list[Island]):
@@ -160,11 +148,10 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
     deadline = start + time_limit_s if time_limit_s else INF
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
-    if objective == "gpus" and not required_tokens_per_s:
-        raise ValueError("objective 'gpus' needs required_tokens_per_s (--required-tokens-per-s)")
+    goal = OBJECTIVES[objective]
+    max_time = goal.max_time(instance, required_tokens_per_s)  # refuses gpus without a throughput
     islands = islands if islands is not None else find_islands(instance.cluster)
-    result = ComposeResult([], 0.0, "feasible", 0.0, objective, islands)
-    max_time = tokens_per_iteration(instance) / required_tokens_per_s if objective == "gpus" else INF
+    result = ComposeResult(objective=objective, islands=islands)
     options: list[Option] = []
     shortfall = None
     tables_of: dict[Config, list] = {}
@@ -173,7 +160,6 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
         if time.perf_counter() >= deadline:
             complete, result.stopped = False, "time limit"
             if not options:
-                from solvers.search.uniform import NoPlanInTime
                 raise NoPlanInTime(f"no plan within the time limit of {time_limit_s:g} s: the configurations "
                                    f"were still being bounded; allow more time")
             break
@@ -187,24 +173,19 @@ def compose_search(instance, solver: str = "cpsat", objective: str = "time", req
                 shortfall = (excess, why)
             continue
         tables_of[config] = tables
-        options += _options(instance, config, tables, objective, max_time)
+        options += _options(instance, config, tables, goal, max_time)
     result.candidates = len(options)
     if not options:
-        if objective == "gpus" and tables_of:
-            raise InfeasibleError(f"no configuration can reach {required_tokens_per_s:g} tokens/s on this cluster "
-                                  f"(its lower bounds are all slower)")
+        if tables_of and goal.unreachable(required_tokens_per_s):
+            raise InfeasibleError(goal.unreachable(required_tokens_per_s))
         raise InfeasibleError(f"no configuration fits in memory on any island; the closest is {shortfall[1]}"
                               if shortfall else "no configuration matches the cluster and batch: a stage of "
                               "tp x cp x dp GPUs must tile the nodes of some island and dp divide global_batch_size")
-    options.sort(key=lambda o: (o.lower_bound, o.config))
-    backend = backends.get(solver)
-    try:
-        _solve_options(instance, options, tables_of, result, backend, objective, max_time, deadline, threads, seed,
-                       top, progress)
-    except KeyboardInterrupt:
-        result.stopped = "interrupted"
-    _close(options, result, complete, top, time_limit_s,
-           "no composition fits" if objective != "gpus" else f"no plan reaches {required_tokens_per_s:g} tokens/s")
+    solve_one = partial(_solve_option, instance, tables_of, result, backends.get(solver), goal, max_time, deadline,
+                        threads, seed)
+    with interruptible(result):
+        result.pruned = bound_and_prune(options, solve_one, result, top, deadline, progress)
+    _close(options, result, complete, top, time_limit_s, goal.no_plan(required_tokens_per_s))
     result.wall_time_s = time.perf_counter() - start
     return result
 
@@ -218,31 +199,27 @@ def _close(options: list[Option], result: ComposeResult, complete: bool, top: in
         if result.stopped == "interrupted":
             raise KeyboardInterrupt
         if result.stopped:
-            from solvers.search.uniform import NoPlanInTime
             raise NoPlanInTime(f"no plan within the time limit of {time_limit_s:g} s: {result.solved} composition "
                                f"programs solved, none with a plan yet; allow more time")
         raise InfeasibleError(nothing)
     result.ranked = found[:top]
     best = found[0].value
-    open_bounds = [o.bound if o.bound is not None else o.lower_bound for o in options
-                   if o.status not in ("optimal", "infeasible")]
-    proven = [o.value for o in options if o.status == "optimal" and o.value is not None]
-    result.bound = min(open_bounds + proven + [best]) if complete else 0.0
+    result.bound = min(global_bound(options), best) if complete else 0.0
     _, result.status = closing_status(best, result.bound, result.stopped)
 
 
-def _options(instance, config: Config, tables, objective: str, max_time: float) -> list[Option]:
-    """The programs of one configuration, each with its lower bound in the objective's unit: one for time; one
-    if its time bound can reach the required throughput for gpus (GPUs first, then time); one per vector of
-    stage counts per GPU type for cost (so that the price is a constant of each program)."""
+def _options(instance, config: Config, tables, objective: Objective, max_time: float) -> list[Option]:
+    """The programs of one configuration, each with its lower bound in the objective's unit: one if its time
+    bound can reach the required throughput (for gpus: GPUs first, then time), or one per vector of stage counts
+    per GPU type where the objective needs the price to be a constant of each program (cost)."""
     P, v = config.pp, config.vpp
     usable = [k for k, tb in enumerate(tables) if tb.slots and max(tb.caps) >= v]
     lb_time = time_lower_bound(instance, config, tables, usable)
-    if objective == "time":
-        return [Option(config, lb_time)]
-    if objective == "gpus":
-        world = config.tp * config.cp * config.dp * P
-        return [Option(config, gpus_value(world, lb_time, max_time))] if lb_time <= max_time else []
+    world = config.tp * config.cp * config.dp * P
+    if not objective.per_type_programs:
+        if not objective.reaches(lb_time, max_time):
+            return []  # too slow for the required throughput whatever the composition
+        return [Option(config, objective.of_time(lb_time, instance, world, None, max_time))]
     types = sorted({tables[k].island.gpu_type for k in usable})
     room = [sum(len(tables[k].slots) for k in usable if tables[k].island.gpu_type == t) for t in types]
     options = []
@@ -252,7 +229,8 @@ def _options(instance, config: Config, tables, objective: str, max_time: float) 
         on = {t: n for t, n in zip(types, counts) if n}
         used = [k for k in usable if tables[k].island.gpu_type in on]
         lb = time_lower_bound(instance, config, tables, used, on)
-        options.append(Option(config, cost_per_million_tokens(instance, _rate(instance, config, on), lb), stages_on=on))
+        options.append(Option(config, objective.of_time(lb, instance, world, _rate(instance, config, on), max_time),
+                              stages_on=on))
     return options
 
 
@@ -278,60 +256,53 @@ def _shortfall(instance, config: Config, tables, best_caps: list[int]) -> tuple[
                     f"layer(s) on {tb.island.gpu_type} against {mem.limit_gib:.1f} GiB allowed")
 
 
-def _kth(options: list[Option], top: int) -> float:
-    return kth_best((o.value for o in options), top)
-
-
 def _rate(instance, config: Config, stages_on: dict) -> float:
     """Price per second of the GPUs used when GPU type t hosts stages_on[t] stages."""
     S = config.tp * config.cp * config.dp
     return sum(n * S * instance.cluster.gpu_types[t].price_per_hour for t, n in stages_on.items()) / 3600.0
 
 
-def _solve_options(instance, options, tables_of, result, backend, objective, max_time, deadline, threads, seed,
-                   top, progress) -> None:
-    for n, option in enumerate(options):
-        if prunes(option.lower_bound, _kth(options, top)):
-            result.pruned = sum(1 for o in options[n:])
-            break
-        if time.perf_counter() >= deadline:
-            result.stopped = "time limit"
-            break
-        config = option.config
-        tables = tabulate_stages(instance, config, tables_of[config])  # adds the layer-count tables, once
-        kth = _kth(options, top)
-        rate = _rate(instance, config, option.stages_on) if option.stages_on else None
-        cutoff = OBJECTIVES[objective].time_cutoff(kth, instance, rate, max_time)
-        try:
-            comp: Composition = build_composition(instance, config, tables, option.stages_on, cutoff)
-        except ValueError:
-            option.status, option.bound = "infeasible", INF
-            result.infeasible += 1
-            continue
-        remaining = None if deadline == INF else max(0.05, deadline - time.perf_counter())
-        out = backend.solve(comp.program, time_limit_s=remaining, threads=threads, seed=seed)
-        option.status = out.status
-        if out.values is not None:
-            placement = comp.decode(out.values)
-            est = evaluate(instance, placement)
-            if est.fits and (objective != "gpus" or est.iteration_time_s <= max_time * (1 + 1e-12)):
-                option.placement, option.estimate = placement, est
-                option.value = OBJECTIVES[objective].value(instance, placement, est, max_time)
-                record_improvement(result.history, result.started, option.value)
-            elif objective == "gpus" and out.status == "optimal":
-                option.status, option.bound = "infeasible", INF  # its fastest plan is too slow
-                continue
-        if out.status == "optimal":
-            option.bound = option.value if option.value is not None else INF
-            result.solved += 1
-        elif out.status == "infeasible":  # nothing as good as the cutoff
-            option.bound = INF if cutoff is None or objective == "gpus" else kth
-            result.refuted += cutoff is not None
-        else:
-            option.bound = option.lower_bound
-            if objective == "time" and out.bound_s is not None:
-                option.bound = max(option.bound, out.bound_s)
-            if out.status == "error":
-                result.errors.append(f"{config.describe()}: {out.message}")
-        if progress:
-            progress(n + 1, len(options), _kth(options, top), options[min(n + 1, len(options) - 1)].lower_bound)
+def _solve_option(instance, tables_of, result: ComposeResult, backend, objective: Objective, max_time: float,
+                  deadline: float, threads: int, seed: int, option: Option, kth: float) -> None:
+    """The composition program of one option, with the time cutoff that its value must beat `kth` (or, for a
+    required throughput, that cutoff itself); its plan scored by the evaluator, and what the outcome proves."""
+    config = option.config
+    tables = tabulate_stages(instance, config, tables_of[config])  # adds the layer-count tables, once
+    rate = _rate(instance, config, option.stages_on) if option.stages_on else None
+    cutoff = objective.time_cutoff(kth, instance, rate, max_time)
+    try:
+        comp: Composition = build_composition(instance, config, tables, option.stages_on, cutoff)
+    except ValueError:
+        option.status, option.bound = "infeasible", INF
+        result.infeasible += 1
+        return
+    out = backend.solve(comp.program, time_limit_s=time_left(deadline), threads=threads, seed=seed)
+    option.status = out.status
+    if out.values is not None and not _keep_plan(instance, comp, out, option, objective, max_time, result):
+        return
+    if out.status == "optimal":
+        option.bound = option.value if option.value is not None else INF
+        result.solved += 1
+    elif out.status == "infeasible":  # nothing as good as the cutoff
+        option.bound = objective.refuted_bound(kth, cutoff)
+        result.refuted += cutoff is not None
+    else:
+        option.bound = objective.bound_after(option.lower_bound, out.bound_s)
+        if out.status == "error":
+            result.errors.append(f"{config.describe()}: {out.message}")
+
+
+def _keep_plan(instance, comp: Composition, out, option: Option, objective: Objective, max_time: float,
+               result: ComposeResult) -> bool:
+    """Score the program's answer with the evaluator and keep it if it fits and is fast enough. False when the
+    program's optimum is rejected under a required cutoff: then nothing in the option reaches it."""
+    placement = comp.decode(out.values)
+    est = evaluate(instance, placement)
+    if est.fits and objective.reaches(est.iteration_time_s, max_time, slack=1e-12):
+        option.placement, option.estimate = placement, est
+        option.value = objective.value(instance, placement, est, max_time)
+        result.improved(option.value)
+    elif objective.required_cutoff and out.status == "optimal":
+        option.status, option.bound = "infeasible", INF  # its fastest plan is too slow
+        return False
+    return True

@@ -1,19 +1,22 @@
-"""The search driver: a proof over the whole configuration space.
+"""The search over one GPU type's configurations: a proof over the whole configuration space.
 
 Every configuration gets a cheap lower bound valid for all of its partitions and GPU maps (`lower_bound`)
 and, when its Megatron-style default placement fits, an upper bound (the evaluator's score of that
-placement). Configurations are then solved exactly in order of lower bound; the search stops as soon as
-no remaining lower bound can beat the incumbent (or the K-th best, with --top K). The reported bound is the
-smallest lower bound of anything not proven, so the gap is honest at any moment, including a time limit.
+placement). Configurations are then solved exactly in order of lower bound, by the bound-and-prune driver
+that the mixed-type search runs too (solvers/search/driver.py); it stops as soon as no remaining lower bound
+can beat the incumbent (or the K-th best, with --top K). The reported bound is the smallest lower bound of
+anything not proven, so the gap is honest at any moment, including a time limit. This module supplies what
+is particular to one GPU type: the enumeration and its bounds, the exact program of one configuration, and
+beyond the exact program's reach the bound-only search (exact partitions of default maps, then annealing).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from formulation.errors import InfeasibleError
-from formulation.evaluate import Estimate, evaluate
+from formulation.evaluate import evaluate
 from formulation.placement import default_split, even_split
 from formulation.programs.exact import build_program
 from formulation.space import (
@@ -27,46 +30,31 @@ from formulation.space import (
 from solvers import backends
 from solvers.bounds.configs import cut_bound, lower_bound
 from solvers.bounds.work import WorkBound
-from solvers.search.driver import closing_status, kth_best, prunes, record_improvement
+from solvers.search.driver import (INF, Item, NoPlanInTime, Tally, bound_and_prune, closing_status, global_bound,
+                                   interruptible, kth_of, prunes, time_left)
 from solvers.local.partition import best_partition
 from solvers.search.close_gap import ANNEAL_MOVES, close_gap  # noqa: F401 (solve() reads ANNEAL_MOVES here)
 
-INF = float("inf")
-
 
 @dataclass
-class Candidate:
-    config: Config
-    lower_bound_s: float
-    default_s: float | None = None  # best time known without a proof: the default placement's, then improved
+class Candidate(Item):
+    """A configuration, its bounds in seconds. `value` is the best time known for it: the default placement's,
+    then improved (partitions, annealing), and its proven optimum once its exact program is solved."""
+
     megatron: tuple | None = None  # (placement, estimate) of the Megatron-style default placement, if it fits
-    proven_s: float | None = None  # exact optimum of this configuration, once solved
-    bound_s: float | None = None  # best bound of this configuration after solving (= proven_s if optimal)
-    placement: object = None
-    estimate: Estimate | None = None
-    status: str = "unsolved"
     caps: list[int] | None = None  # the stages' layer capacities (for the bounds)
 
 
 @dataclass
-class SearchResult:
-    ranked: list[Candidate]  # best first (solved or default), at most `top`
-    bound_s: float
-    status: str
-    wall_time_s: float
-    candidates: int = 0  # configurations with a partition that fits
-    examined: int = 0
-    solved: int = 0
-    pruned: int = 0
-    infeasible: int = 0
+class SearchResult(Tally):
+    """`ranked`: candidates, best first (solved or default); `candidates`: configurations with a partition that
+    fits."""
+
+    bound_s: float = 0.0
     method: str = ""
     best_default: Candidate | None = None  # the Megatron-style default placement that is fastest
-    stopped: str = ""  # "time limit" or "interrupted" when the search ended early
-    errors: list[str] = field(default_factory=list)  # backend failures (configuration: message)
     annealed: int = 0  # anneals run (a configuration may be annealed in several rounds)
     gap_annealed: int = 0  # of them, anneals of configurations taken in bound order (close_gap's phase 2)
-    started: float = field(default_factory=time.perf_counter)
-    history: list = field(default_factory=list)  # (seconds since start, best time) at every improvement
     unseen_bound_s: float = INF  # (B0) of the configurations a time limit kept from the first pass
 
 
@@ -96,10 +84,6 @@ def exact_is_tractable(instance) -> bool:
     return instance.cluster.num_gpus * len(instance.cluster.uniform_classes()) <= MAX_EXACT_SIZE
 
 
-class NoPlanInTime(Exception):
-    """The time limit ended before any configuration had a plan that fits."""
-
-
 def search(instance, solver: str = "cbc", time_limit_s: float | None = None, threads: int = 1, seed: int = 0,
            top: int = 1, progress=None, exact: bool = True, anneal_moves: int | None = 0,
            refine: bool = True, program_limit_s: float | None = None) -> SearchResult:
@@ -108,17 +92,12 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
     lower bound and is reported in `errors`."""
     start = time.perf_counter()
     deadline = start + time_limit_s if time_limit_s else INF
-    result = SearchResult(ranked=[], bound_s=0.0, status="feasible", wall_time_s=0.0,
-                          method=solver if exact else "bound-only")
+    result = SearchResult(method=solver if exact else "bound-only")
     candidates: list[Candidate] = []
-    complete = False
-    try:
-        complete = _enumerate(instance, candidates, result, deadline, top)
-        if complete:
+    with interruptible(result):
+        if _enumerate(instance, candidates, result, deadline, top):
             _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed,
                               top, progress, exact, anneal_moves, refine, program_limit_s)
-    except KeyboardInterrupt:
-        result.stopped = "interrupted"
     result.candidates = len(candidates)
     if result.stopped == "interrupted" and not any(c.estimate for c in candidates):
         raise KeyboardInterrupt
@@ -130,11 +109,12 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
     result.ranked = scored[:top]
     defaults = [c for c in candidates if c.megatron is not None]
     result.best_default = min(defaults, key=lambda c: (c.megatron[1].iteration_time_s, c.config)) if defaults else None
-    kth = _kth_best(candidates, top)
-    result.pruned = sum(1 for c in candidates if c.status == "unsolved" and prunes(c.lower_bound_s, kth))
+    kth = kth_of(candidates, top)
+    # also the configurations a time limit kept from the driver, whose bound cannot beat the K-th best either
+    result.pruned = sum(1 for c in candidates if c.status == "unsolved" and prunes(c.lower_bound, kth))
     best = result.ranked[0].estimate.iteration_time_s
     # configurations the first pass never reached are bounded by their work bound (B0) alone
-    result.bound_s = min(_global_bound(candidates), result.unseen_bound_s, best)
+    result.bound_s = min(global_bound(candidates), result.unseen_bound_s, best)
     _, result.status = closing_status(best, result.bound_s, result.stopped)
     result.wall_time_s = time.perf_counter() - start
     return result
@@ -188,9 +168,9 @@ def _first_pass(instance, config: Config, candidates: list[Candidate], result: S
     if default is not None and memory_feasible(instance, default)[0]:
         est = evaluate(instance, default, check=False)
         if est.fits:
-            cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, default, est
+            cand.value, cand.placement, cand.estimate = est.iteration_time_s, default, est
             cand.megatron = (default, est)
-            _improved(result, cand.estimate.iteration_time_s)
+            result.improved(cand.estimate.iteration_time_s)
     candidates.append(cand)
     return shortfall
 
@@ -199,25 +179,17 @@ def _raise_bounds(instance, candidates: list[Candidate], result: SearchResult, d
     """(B1), then (B2), each only where the bound so far leaves a configuration able to beat the K-th best
     default placement, smallest bound first (so that a time limit leaves the global bound as high as the
     time allowed). Each bound is valid alone, so a configuration keeps the larger."""
-    upper = _kth_best(candidates, top)
+    upper = kth_of(candidates, top)
     for refine in (lambda c: lower_bound(instance, c.config, c.caps), lambda c: cut_bound(instance, c.config)):
-        candidates.sort(key=lambda c: (c.lower_bound_s, c.config))
+        candidates.sort(key=lambda c: (c.lower_bound, c.config))
         for cand in candidates:
-            if cand.lower_bound_s >= upper:
+            if cand.lower_bound >= upper:
                 break  # sorted: no later one can beat the K-th best either
             if time.perf_counter() >= deadline:
                 result.stopped = "time limit"  # the bounds reached stay: valid, only weaker
                 return
-            cand.lower_bound_s = max(cand.lower_bound_s, refine(cand))
-    candidates.sort(key=lambda c: (c.lower_bound_s, c.config))
-
-
-def _improved(result: SearchResult, value: float) -> None:
-    record_improvement(result.history, result.started, value)
-
-
-def _kth_best(candidates: list[Candidate], top: int) -> float:
-    return kth_best((c.proven_s if c.proven_s is not None else c.default_s for c in candidates), top)
+            cand.lower_bound = max(cand.lower_bound, refine(cand))
+    candidates.sort(key=lambda c: (c.lower_bound, c.config))
 
 
 def _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed, top,
@@ -235,57 +207,45 @@ def _solve_candidates(instance, candidates, result, solver, deadline, start, tim
         _refine_partitions(instance, candidates, result, solver, deadline, top,
                            now + min(BOUND_ONLY_BUDGET_S, (deadline - now) / 4 if time_limit_s else INF))
     if anneal_moves != 0:
-        close_gap(instance, candidates, result, deadline, seed, top, anneal_moves, _kth_best, _improved,
-                  solver=solver)
+        close_gap(instance, candidates, result, deadline, seed, top, anneal_moves, solver=solver)
 
 
 def _refine_partitions(instance, candidates, result, solver, deadline, top, refine_until) -> None:
-    """Bound-only: the default map of each configuration that may still win, its layers split exactly."""
+    """Bound-only: the default map of each configuration that may still win, its layers split exactly, until
+    `refine_until` (the annealing that follows gets the rest of the time)."""
     world = instance.cluster.num_gpus
-    for cand in candidates:
-        if prunes(cand.lower_bound_s, _kth_best(candidates, top)):
-            break
-        if time.perf_counter() >= refine_until:
-            if time.perf_counter() >= deadline:
-                result.stopped = "time limit"
-            break
-        result.examined += 1
+
+    def refine(cand: Candidate, kth: float) -> None:
         template = placement_for(cand.config, even_split(instance.model.num_layers, cand.config.pp), range(world))
         better = best_partition(instance, template, solver=solver,
                                 time_limit_s=min(30.0, refine_until - time.perf_counter()))
         if better is not None:
             est = evaluate(instance, better)
-            if est.fits and (cand.default_s is None or est.iteration_time_s < cand.default_s):
-                cand.default_s, cand.placement, cand.estimate = est.iteration_time_s, better, est
-                _improved(result, cand.estimate.iteration_time_s)
+            if est.fits and (cand.value is None or est.iteration_time_s < cand.value):
+                cand.value, cand.placement, cand.estimate = est.iteration_time_s, better, est
+                result.improved(cand.estimate.iteration_time_s)
+
+    bound_and_prune(candidates, refine, result, top, deadline, until=refine_until)
 
 
 def _solve_exactly(instance, candidates, result, solver, deadline, threads, seed, top, progress,
                    program_limit_s) -> None:
     """The exact program of each configuration that may still win, smallest bound first."""
     backend = backends.get(solver)
-    for cand in candidates:
-        if prunes(cand.lower_bound_s, _kth_best(candidates, top)):
-            break
-        if time.perf_counter() >= deadline:
-            result.stopped = "time limit"
-            break
-        result.examined += 1
+
+    def solve_one(cand: Candidate, kth: float) -> None:
         try:
             program = build_program(instance, cand.config)
         except ValueError:
-            cand.status, cand.bound_s = "infeasible", INF
-            continue
-        remaining = None if deadline == INF else max(0.05, deadline - time.perf_counter())
-        if program_limit_s is not None:
-            remaining = program_limit_s if remaining is None else min(remaining, program_limit_s)
-        out = backend.solve(program, time_limit_s=remaining, threads=threads, seed=seed)
+            cand.status, cand.bound = "infeasible", INF
+            return
+        out = backend.solve(program, time_limit_s=time_left(deadline, program_limit_s), threads=threads, seed=seed)
         cand.status = out.status
         if out.values is not None:
             out = _keep_solution(instance, program, out, cand, result)
         _record_outcome(cand, out, result, solver, deadline, program_limit_s)
-        if progress:
-            progress(result.examined, len(candidates), _kth_best(candidates, top), _global_bound(candidates))
+
+    bound_and_prune(candidates, solve_one, result, top, deadline, progress)
 
 
 def _keep_solution(instance, program, out, cand: Candidate, result: SearchResult):
@@ -297,9 +257,9 @@ def _keep_solution(instance, program, out, cand: Candidate, result: SearchResult
         # the program did not price its answer as the referee does: its optimum proves nothing
         out = replace(out, status="error", message=f"program objective {out.objective_s:.9g} s, evaluator "
                                                    f"{est.iteration_time_s:.9g} s: not a proof")
-    if est.fits and (cand.default_s is None or est.iteration_time_s <= cand.default_s):
-        cand.placement, cand.estimate = placement, est
-        _improved(result, cand.estimate.iteration_time_s)
+    if est.fits and (cand.value is None or est.iteration_time_s <= cand.value):
+        cand.placement, cand.estimate = placement, est  # `value` (what the K-th best counts) moves once proven
+        result.improved(cand.estimate.iteration_time_s)
     return out
 
 
@@ -307,15 +267,15 @@ def _record_outcome(cand: Candidate, out, result: SearchResult, solver: str, dea
                     program_limit_s: float | None) -> None:
     """What the program proved about its configuration: its optimum, nothing in it, or a bound (and why)."""
     if out.status == "optimal":
-        cand.proven_s = cand.bound_s = cand.estimate.iteration_time_s if cand.estimate else INF
+        cand.value = cand.bound = cand.estimate.iteration_time_s if cand.estimate else INF
         result.solved += 1
     elif out.status == "infeasible":
-        cand.bound_s = INF
+        cand.bound = INF
     elif out.status == "error":
-        cand.bound_s = cand.lower_bound_s  # nothing proven beyond the cheap bound
+        cand.bound = cand.lower_bound  # nothing proven beyond the cheap bound
         result.errors.append(f"{cand.config.describe()}: {out.message}")
     else:  # no proof: the time limit, or the backend gave up on its own (CP-SAT UNKNOWN)
-        cand.bound_s = max(cand.lower_bound_s, out.bound_s or 0.0)
+        cand.bound = max(cand.lower_bound, out.bound_s or 0.0)
         if program_limit_s is not None and out.wall_time_s >= 0.9 * program_limit_s:
             result.errors.append(f"{cand.config.describe()}: its program was not closed within "
                                  f"{program_limit_s:g} s (auto's limit per program); its bound is kept")
@@ -323,16 +283,3 @@ def _record_outcome(cand: Candidate, out, result: SearchResult, solver: str, dea
             result.errors.append(f"{cand.config.describe()}: {solver} ended without a proof ({out.status})")
         else:
             result.stopped = "time limit"
-
-
-def _global_bound(candidates: list[Candidate]) -> float:
-    """Smallest time anything not yet proven could still achieve."""
-    bounds = []
-    for c in candidates:
-        if c.proven_s is not None:
-            bounds.append(c.proven_s)
-        elif c.bound_s is not None:
-            bounds.append(c.bound_s)
-        else:
-            bounds.append(c.lower_bound_s)
-    return min(bounds)

@@ -32,7 +32,7 @@ from formulation import InfeasibleError, InputError, instance_from_dict
 from formulation.errors import Section
 from formulation.inputs.instance import read_document
 from solvers.search.objectives import price_per_s
-from solvers.search.uniform import NoPlanInTime
+from solvers.search.driver import NoPlanInTime
 from solvers.solve import solve
 
 AXES = ("model", "gpu_type", "nodes", "global_batch_size", "seq_length", "objective")
