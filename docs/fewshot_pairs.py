@@ -1,0 +1,72 @@
+"""Few-shot calibration measured on every pair (and every 3-, 4- and 6-subset, 60 at most) of runs of each
+visible cluster (source x GPU type, >= 4 runs): which knobs two or more runs can fit.
+
+    python docs/fewshot_pairs.py          # about 4 minutes on 2 cores
+
+Each run's iteration time is tabulated on a grid of (log compute scale, log network scale) over the
+leave-one-source-out model (overhead is additive), so that thousands of fits take seconds; each fit is the
+least-squares knob choice on that grid with the same priors as solvers/validation/fewshot.py. Prints, per
+number of calibration runs, the median over clusters of the median |error| of the other runs (and how many
+clusters are above 5%) for: three knobs with the shipped priors, and the compute scale alone.
+"""
+
+import itertools
+import math
+import random
+import statistics
+
+import numpy as np
+from scipy.interpolate import RegularGridInterpolator
+
+from formulation.evaluate import evaluate
+from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration
+from solvers.validation import crossval
+from solvers.validation.fewshot import KNOB_SPREAD, RUN_SPREAD
+
+LOG_C, LOG_N = np.linspace(-0.4, 0.4, 17), np.linspace(-1.5, 1.5, 13)
+FINE_C, FINE_N, FINE_O = np.linspace(-0.4, 0.4, 81), np.linspace(-1.5, 1.5, 61), np.linspace(0, 0.3, 31)
+
+
+def tabulate(prediction) -> np.ndarray:
+    grid = np.array([[evaluate(apply_user_calibration(prediction.instance, UserCalibration(math.exp(c), math.exp(n))),
+                               prediction.run.placement, check=False).iteration_time_s for n in LOG_N] for c in LOG_C])
+    fine = RegularGridInterpolator((LOG_C, LOG_N), np.log(grid))
+    c, n = np.meshgrid(FINE_C, FINE_N, indexing="ij")
+    return np.exp(fine(np.stack([c, n], -1)))
+
+
+def fit(chosen, all_knobs: bool):
+    mean_t = statistics.fmean(m for _, m in chosen)
+    objective = sum(np.log((t[:, :, None] + FINE_O[None, None, :] * mean_t) / m) ** 2 for t, m in chosen)
+    pull = [RUN_SPREAD / s for s in KNOB_SPREAD] if all_knobs else [RUN_SPREAD / KNOB_SPREAD[0], 1e3, 1e3]
+    objective = objective + (pull[0] * FINE_C[:, None, None]) ** 2 + (pull[1] * FINE_N[None, :, None]) ** 2 \
+        + (pull[2] * FINE_O[None, None, :]) ** 2
+    i, j, k = np.unravel_index(np.argmin(objective), objective.shape)
+    return i, j, FINE_O[k] * mean_t
+
+
+def main() -> None:
+    predictions = [p for p in crossval.cross_validate(crossval.reference_runs()) if p.timed]
+    clusters: dict = {}
+    for p in predictions:
+        clusters.setdefault((p.family, p.run.gpu_type), []).append((tabulate(p), p.run.measured_iter_s))
+    for shots in (2, 3, 4, 6):
+        for all_knobs in (True, False):
+            medians = []
+            for runs in clusters.values():
+                if len(runs) < max(4, shots + 2):
+                    continue
+                subsets = list(itertools.combinations(range(len(runs)), shots))
+                random.Random(0).shuffle(subsets)
+                per_subset = []
+                for subset in subsets[:60]:
+                    i, j, o = fit([runs[k] for k in subset], all_knobs)
+                    per_subset.append(statistics.median(abs((t[i, j] + o) / m - 1)
+                                                        for k, (t, m) in enumerate(runs) if k not in subset))
+                medians.append(statistics.median(per_subset))
+            print(f"{shots} runs, {'three knobs' if all_knobs else 'compute only'}: median over {len(medians)} "
+                  f"clusters {100 * statistics.median(medians):.1f}%, above 5%: {sum(m > 0.05 for m in medians)}")
+
+
+if __name__ == "__main__":
+    main()
