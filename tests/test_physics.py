@@ -215,3 +215,34 @@ def test_torchtitan_pipeline_keeps_parameters_unsharded():
         cost.PHYSICS_TERMS["fsdp_pp_unsharded"] = True
     layer = 1024 * (1024 + 2 * 256) + 1024 * 1024 + 3 * 1024 * 2816 + inst.model.layer_norm_params
     assert (with_term - without) * GIB == pytest.approx(4 * layer * 6.0, rel=1e-9)
+
+
+def test_overlapped_dp_sync_costs_its_contention_share():
+    """(C11) An overlapped dp collective leaves max(t - window, t / 2) exposed; without overlap all of it; with
+    the term off only what the window cannot hide (derived by hand)."""
+    from formulation.physics.stage import dp_part_exposed
+
+    assert dp_part_exposed(1.0, 2.0, True) == pytest.approx(0.5)  # hidden in time, half of it still paid
+    assert dp_part_exposed(1.0, 0.2, True) == pytest.approx(0.8)  # the window hides 0.2
+    assert dp_part_exposed(1.0, 2.0, False) == pytest.approx(1.0)
+    cost.PHYSICS_TERMS["imperfect_dp_overlap"] = False
+    try:
+        assert dp_part_exposed(1.0, 2.0, True) == 0.0
+        assert dp_part_exposed(1.0, 0.2, True) == pytest.approx(0.8)
+    finally:
+        cost.PHYSICS_TERMS["imperfect_dp_overlap"] = True
+
+
+def test_dp_contention_moves_the_readme_weak_scaling_rows_towards_measured(runs):
+    """Megatron-LM README 2024 weak scaling, GPT-1.7B (tp1) and GPT-7.1B (tp2) on 48 data-parallel replicas,
+    4 micro-batches: their gradient sync fits inside the last backward, yet the published times are 10-15 %
+    above compute alone. Charging half the hidden sync brings both closer to the published times."""
+    for row in (30, 31):
+        run = runs[row]
+        on = predicted(run) / run.measured_iter_s - 1
+        cost.PHYSICS_TERMS["imperfect_dp_overlap"] = False
+        try:
+            off = predicted(run) / run.measured_iter_s - 1
+        finally:
+            cost.PHYSICS_TERMS["imperfect_dp_overlap"] = True
+        assert off < on <= 0.02, (row, off, on)

@@ -20,10 +20,11 @@ REPRO = Path(__file__).parent / "repro"
 def irregular():
     instance = load_instance(REPRO / "search_irregular_8x8.json")
     better = evaluate(instance, load_placement(REPRO / "search_irregular_8x8_better.json", instance))
-    # 2.1630 s when the repro was filed; 2.0634 s since the GEMM shape and attention efficiency are catalog
-    # facts and collectives run at NCCL's share of nominal link speed (docs/physics.md): a pin, so that a model
-    # change is noticed here
-    assert better.fits and better.iteration_time_s == pytest.approx(2.0634, abs=1e-4)
+    # 2.1630 s when the repro was filed; 2.0634 s once the GEMM shape and attention efficiency became catalog
+    # facts and collectives ran at NCCL's share of nominal link speed; 2.1526 s since an overlapped dp sync
+    # costs at least half its time (imperfect_dp_overlap, docs/physics.md): a pin, so that a model change is
+    # noticed here
+    assert better.fits and better.iteration_time_s == pytest.approx(2.1526, abs=1e-4)
     return instance, better
 
 
@@ -49,11 +50,11 @@ def test_planner_at_least_as_good_as_the_better_placement_on_irregular_8x8(irreg
     assert result.estimate.iteration_time_s <= better.iteration_time_s * (1 + 1e-9)
     assert evaluate(instance, result.placement).iteration_time_s == pytest.approx(result.estimate.iteration_time_s,
                                                                                   rel=1e-9)
-    # the gap that remains is honest: the bound is below the plan and within 2 % of it here (1.9 % since
-    # collectives run at NCCL's share of line rate: communication, where the bound takes the best links, weighs
-    # more; 0.8 % before)
+    # the gap that remains is honest: the bound is below the plan and within 3.5 % of it here (3.2 % since an
+    # overlapped dp sync costs at least half its time and 1.9 % before, with collectives at NCCL's share of line
+    # rate; 0.8 % before that: communication, where the bound takes the best links, weighs more each time)
     assert result.solver.bound_s <= result.estimate.iteration_time_s
-    assert result.solver.gap < 0.02
+    assert result.solver.gap < 0.035
     # the improvements are recorded over time (seconds, best so far), each better than the last
     times = [t for t, _ in result.history]
     values = [v for _, v in result.history]

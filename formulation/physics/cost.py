@@ -32,6 +32,7 @@ PHYSICS_TERMS = {
     "collective_efficiency": True,
     "fp8_weight_copies": True,  # FP8 weight copies and transposes in memory
     "imperfect_tp_overlap": True,  # overlapped (async) tp communication still costs part of its time
+    "imperfect_dp_overlap": True,  # so does the dp gradient reduce-scatter / parameter all-gather hidden by compute
     "unfused_loss_buffers": True,  # torchtitan's fp32 cross entropy keeps log-softmax and its gradient
     "fsdp_pp_unsharded": True,  # torchtitan keeps FSDP parameters unsharded across micro-batches with pp
 }
@@ -46,6 +47,12 @@ TP_OVERLAP_EXPOSED = (1, 2)
 def tp_overlap_exposed() -> tuple[int, int]:
     """(numerator, denominator) of the share of overlapped tp communication left exposed."""
     return TP_OVERLAP_EXPOSED if term("imperfect_tp_overlap") else (0, 1)
+
+
+def dp_overlap_exposed() -> tuple[int, int]:
+    """(numerator, denominator) of the share of an overlapped dp collective left exposed: the same contention
+    share as tp's (the collective's kernels take SMs and HBM bandwidth from the compute that hides it)."""
+    return TP_OVERLAP_EXPOSED if term("imperfect_dp_overlap") else (0, 1)
 # Fraction of a nominal link speed NCCL's bus bandwidth reaches for large messages (public nccl-tests figures,
 # docs/physics.md): inside a node, DGX H100 all-reduce about 370 GB/s of NVLink4's 450 (0.82) and DGX A100 about
 # 230-240 of NVLink3's 300 (0.78); between nodes NDR 400G about 46-48 GB/s of 50 and HDR 200G about 23-24 of 25.

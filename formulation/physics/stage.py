@@ -103,6 +103,16 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
             ("all_gather", params * w_bytes, job.overlap_param_gather, k.window_f(layers))]
 
 
+def dp_part_exposed(time: float, window: float, overlapped: bool) -> float:
+    """(C11) What one dp collective of `time` leaves on the critical path: all of it if not overlapped, else what
+    its compute window cannot hide, and at least the contention share of it (cost.dp_overlap_exposed).
+    Non-decreasing in `time`, non-increasing in `window`."""
+    if not overlapped:
+        return time
+    num, den = cost.dp_overlap_exposed()
+    return max(num * time / den, time - window, 0.0)
+
+
 def stage_passes(k: StageConstants, lt: LayerTime, layers: int) -> tuple[float, float]:
     """A stage's forward and backward for one micro-batch: its layers, plus on the last stage the output
     layer and loss (forward, then 2x for backward, never recomputed)."""
@@ -116,7 +126,7 @@ def dp_sync(instance, p, k: StageConstants, layers: int, slowest) -> tuple[float
     for kind, message, overlapped, window in dp_sync_parts(instance, p, k, layers):
         time = slowest(kind, message)
         total += time
-        exposed += max(0.0, time - window) if overlapped else time
+        exposed += dp_part_exposed(time, window, overlapped)
     return total, exposed
 
 

@@ -191,7 +191,8 @@ def _per_layer_upper_bound(b: _Builder, k) -> float:
 
 
 def _dp_sync(b: _Builder, i: int) -> int | None:
-    """(P9) exposed data-parallel sync of stage i: E_i >= sum over parts of max(0, T_part - window(l_i)).
+    """(P9) exposed data-parallel sync of stage i: E_i >= sum over parts of max(0, T_part - window(l_i),
+    num/den T_part) (the last for overlapped parts: cost.dp_overlap_exposed).
     The message grows with l_i, so each part's time is selected by (shape, level, layer count) together:
     X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2)."""
     prog, c, cluster = b.prog, b.c, b.cluster
@@ -228,6 +229,9 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
                 window = dp_sync_parts(b.inst, b.template, k, q)[part][3]
                 terms[prog.layers[(i, q)]] = terms.get(prog.layers[(i, q)], 0) + b.t(window)
         prog.add(terms, ">=", 0, "P9 dp exposed")
+        num, den = cost.dp_overlap_exposed()
+        if overlapped and num:  # contention: at least num/den of the overlapped collective
+            prog.add({e: den, slowest: -num}, ">=", 0, "P9 dp exposed share")
         parts_exposed.append(e)
     prog.add({exposed: 1, **{e: -1 for e in parts_exposed}}, ">=", 0, "P9 dp exposed total")
     return exposed

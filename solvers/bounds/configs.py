@@ -133,8 +133,7 @@ def _loaded_exposures(w: Parts, P: int, v: int, heavy: int) -> list[float]:
     for i in range(P):
         most = max(w.caps[i], 0) // v * v
         if most >= heavy:
-            loaded[i] = sum(min(x, y) for x, y in zip(w.dp_part_exposures(i, heavy, w.inter, 1),
-                                                      w.dp_part_exposures(i, most, w.inter, 1)))
+            loaded[i] = w.dp_range_floor(i, heavy, most)
     return loaded
 
 
@@ -204,9 +203,7 @@ def fast_bound(instance, config: Config, caps: list[int] | None = None, refined:
     for i in range(config.pp):
         most = max(b.caps[i], 0) // v * v
         if most >= heavy:
-            at_heavy = whole.dp_part_exposures(i, heavy, whole.inter, 1)
-            at_most = whole.dp_part_exposures(i, most, whole.inter, 1)
-            loaded = min(loaded, sum(min(x, y) for x, y in zip(at_heavy, at_most)))
+            loaded = min(loaded, whole.dp_range_floor(i, heavy, most))
     narrow_h = b.pipeline([b.u] * config.pp) + b.chain() + max(b.dp_floor(), loaded) + fixed
     slow_h = INF
     for s in stages:

@@ -17,7 +17,7 @@ from formulation.physics.cost import GroupLinks
 from formulation.physics.memory import memory_coefficients
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
-from formulation.physics.stage import dp_sync_parts, layer_time, stage_constants
+from formulation.physics.stage import dp_part_exposed, dp_sync_parts, layer_time, stage_constants
 
 INF = float("inf")
 
@@ -233,10 +233,11 @@ class Parts:
             self._constants[stage] = stage_constants(self.instance, self.placement, stage, self.gpu_type)
         return self._constants[stage]
 
-    def dp_part_exposures(self, stage: int, layers: int, inter: float, min_nodes: int,
-                          per_node_cap: int | None = None) -> list[float]:
-        """(C11) per collective (reduce-scatter, all-gather, or all-reduce) the smallest exposed time of `stage`
-        holding `layers`, over group shapes at these links with at most `per_node_cap` members on a node."""
+    def dp_part_times(self, stage: int, layers: int, inter: float, min_nodes: int,
+                      per_node_cap: int | None = None) -> list[tuple[float, float, bool]]:
+        """(C11) per collective (reduce-scatter, all-gather, or all-reduce) of `stage` holding `layers`: the
+        smallest time over group shapes at these links with at most `per_node_cap` members on a node, the
+        compute window that hides it, and whether it is overlapped."""
         n = self.config.dp * self.config.cp
         if n == 1 or self.config.zero_stage >= 3:
             return []
@@ -251,31 +252,43 @@ class Parts:
 
                 self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes,
                                                          self.span)
-            t = self._group_times[key]
-            out.append(max(0.0, t - window) if overlapped else t)
+            out.append((self._group_times[key], window, overlapped))
         return out
+
+    def dp_part_exposures(self, stage: int, layers: int, inter: float, min_nodes: int,
+                          per_node_cap: int | None = None) -> list[float]:
+        """(C11) per collective the smallest exposed time of `stage` holding `layers` (see `dp_part_times`)."""
+        return [dp_part_exposed(*part) for part in self.dp_part_times(stage, layers, inter, min_nodes, per_node_cap)]
 
     def dp_exposure(self, stage: int, layers: int, inter: float, min_nodes: int, per_node_cap: int | None = None
                     ) -> float:
         return sum(self.dp_part_exposures(stage, layers, inter, min_nodes, per_node_cap))
 
+    def dp_range_floor(self, stage: int, fewest: int, most: int) -> float:
+        """The least exposed dp sync of `stage` over layer counts from `fewest` to `most` (see `dp_floor`): per
+        collective, its time and its time less the window are each smallest at an end of the range, and the
+        exposure max(t - window, share x t, 0) is at least the larger of their least values."""
+        num, den = cost.dp_overlap_exposed()
+        total = 0.0
+        for (ta, wa, overlapped), (tb, wb, _) in zip(self.dp_part_times(stage, fewest, self.inter, 1),
+                                                     self.dp_part_times(stage, most, self.inter, 1)):
+            total += max(num * min(ta, tb) / den, min(ta - wa, tb - wb), 0.0) if overlapped else min(ta, tb)
+        return total
+
     def stage_dp_floor(self, stage: int) -> float:
         """The least exposed dp sync of `stage` over the layer counts memory allows (see `dp_floor`)."""
         v = self.config.vpp
         most = max(self.caps[stage], 0) // v * v
-        if most < v:
-            return 0.0
-        fewest_parts = self.dp_part_exposures(stage, v, self.inter, 1)
-        most_parts = self.dp_part_exposures(stage, most, self.inter, 1)
-        return sum(min(a, b) for a, b in zip(fewest_parts, most_parts))
+        return self.dp_range_floor(stage, v, most) if most >= v else 0.0
 
     def dp_floor(self) -> float:
         """delta >= E_i for every stage i, and E_i >= the sum over its collectives of each one's smallest exposure
         over the layer counts memory allows; some stage holds at least ceil(L / pp) layers (rounded up to whole
         vpp chunks), so delta is also at least the smallest such exposure over the stages that can. Each
         collective's time is the minimum over group shapes of functions affine in the message, which is affine
-        in the layer count, as is the window that hides it: so the exposure max(0, concave) is smallest at the
-        fewest or the most layers, and two evaluations suffice."""
+        in the layer count, as is the window that hides it: so the time and the time less the window (both
+        concave) are smallest at the fewest or the most layers, and two evaluations bound the exposure
+        (`dp_range_floor`)."""
         best = 0.0
         v, P = self.config.vpp, self.config.pp
         heavy = math.ceil(self.instance.model.num_layers / P / v) * v  # some stage holds at least this many
@@ -284,11 +297,9 @@ class Parts:
             most = max(self.caps[i], 0) // v * v
             if most < v:
                 continue
-            most_parts = self.dp_part_exposures(i, most, self.inter, 1)
             best = max(best, self.stage_dp_floor(i))
             if most >= heavy:
-                heavy_parts = self.dp_part_exposures(i, heavy, self.inter, 1)
-                loaded = min(loaded, sum(min(a, b) for a, b in zip(heavy_parts, most_parts)))
+                loaded = min(loaded, self.dp_range_floor(i, heavy, most))
         # ... and the stage holding at least the average number of layers is one of them
         return max(best, loaded if loaded < INF else 0.0)
 
