@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from conftest import build_instance, small_instance_dict
+from conftest import REPO, build_instance, small_instance_dict
 from formulation import evaluate
 from formulation.errors import InputError
 from formulation.inputs.moe import parameter_counts
@@ -20,6 +20,7 @@ from formulation.space import configurations, placement_for
 from solvers.bounds.configs import lower_bound
 from solvers.local.fast_score import FastScorer
 
+REPO_INSTANCES = REPO / "instances"
 TINY_DEEPSEEK = {"name": "tiny-deepseek", "num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1024,
                  "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 4000, "hidden_act": "silu",
                  "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
@@ -172,3 +173,18 @@ def test_solve_plans_an_moe_model_with_an_honest_status():
     assert result.solver.status != "optimal" and result.solver.bound_s <= result.solver.objective_s
     assert result.estimate.iteration_time_s == evaluate(inst, result.placement).iteration_time_s
     assert "ep_comm_s" in result.estimate.breakdown
+
+
+def test_megatron_arguments_for_deepseek_v3():
+    from formulation import load_instance
+    from solvers.outputs.export import megatron_arguments
+    inst = load_instance(REPO_INSTANCES / "deepseek_v3_h100_1024.json")
+    p = default_placement(inst, tp=2, pp=16, dp=32, ep=64, recompute="full")
+    args = dict(megatron_arguments(inst, p)[0])
+    assert (args["--num-experts"], args["--moe-router-topk"], args["--moe-ffn-hidden-size"]) == (256, 8, 2048)
+    assert (args["--expert-model-parallel-size"], args["--expert-tensor-parallel-size"]) == (64, 1)
+    assert args["--moe-layer-freq"] == "[" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
+    assert args["--moe-shared-expert-intermediate-size"] == 2048 and args["--moe-token-dispatcher-type"] == "alltoall"
+    assert (args["--q-lora-rank"], args["--kv-lora-rank"], args["--qk-head-dim"], args["--qk-pos-emb-head-dim"],
+            args["--v-head-dim"]) == (1536, 512, 128, 64, 128)
+    assert "--multi-latent-attention" in args and "--moe-grouped-gemm" in args
