@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from formulation.physics import cost
+from formulation.physics import cost, moe_cost
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
 from formulation.intervals import prediction_interval
 from formulation.placement import Placement, check_placement
@@ -32,6 +32,7 @@ class StageEstimate:
     dp_exposed_s: float
     optimizer_s: float  # (C13) this stage's optimizer step
     memory: StageMemory
+    ep_comm_s: float = 0.0  # expert dispatch and combine per micro-batch (mixture-of-experts, docs/moe.md (E7))
 
     @property
     def time_per_micro_batch_s(self) -> float:
@@ -85,7 +86,7 @@ class Estimate:
 def _slowest_type(cluster, gpus: np.ndarray, model, job, p):
     types = {cluster.nodes[n].gpu_type for n in np.unique(cluster.gpu_node[gpus])}
     return max((cluster.gpu_types[t] for t in sorted(types)),
-               key=lambda g: cost.layer_compute(model, job, p, g).forward)
+               key=lambda g: moe_cost.layer_compute(model, job, p, g).forward)
 
 
 def _stage_memory(instance, p, stage, layers, gpus) -> StageMemory:
@@ -110,6 +111,7 @@ class StageLinks:
     layer: object  # LayerTime
     dp_links: tuple
     gpus: object = None  # np.ndarray of GPU indices
+    edp_links: tuple = ()  # expert-data-parallel groups' links (mixture-of-experts)
 
 
 def stage_links(instance, p: Placement, i: int) -> StageLinks:
@@ -121,7 +123,15 @@ def stage_links(instance, p: Placement, i: int) -> StageLinks:
     cp = _max_group(p.cp_groups(i), lambda g: group_comm(
         instance, p, "cp", cost.group_links(cluster, g))) if p.cp > 1 else 0.0
     dp_links = tuple(cost.group_links(cluster, g) for g in p.dp_cp_groups(i)) if p.dp * p.cp > 1 else ()
-    return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links)
+    if not moe_cost.is_moe(instance.model):
+        return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links)
+    # (E7) slowest expert-parallel group's dispatch and combine, slowest expert-tp group's gather and scatter
+    ep = _max_group(p.moe_ep_groups(i), lambda g: group_comm(
+        instance, p, "ep", cost.group_links(cluster, g))) if p.ep > 1 else 0.0
+    etp = _max_group(p.expert_tp_groups(i, p.ep, p.etp), lambda g: group_comm(
+        instance, p, "etp", cost.group_links(cluster, g))) if p.etp > 1 else 0.0
+    edp = tuple(cost.group_links(cluster, g) for g in p.moe_expert_dp_groups(i)) if p.expert_dp > 1 else ()
+    return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links, ep + etp, edp)
 
 
 def group_comm(instance, p: Placement, kind: str, links) -> float:
@@ -130,6 +140,10 @@ def group_comm(instance, p: Placement, kind: str, links) -> float:
     model, job, cluster = instance.model, instance.training, instance.cluster
     if kind == "tp":
         return cost.tp_layer_comm(model, job, p, links, cluster)
+    if kind == "ep":  # (E7) one MoE layer's dispatch and combine
+        return moe_cost.ep_layer_comm(model, job, p, links, cluster)
+    if kind == "etp":
+        return moe_cost.etp_layer_comm(model, job, p, links, cluster)
     return cost.cp_layer_comm(model, job, p, min(links.intra_gb_per_s, links.inter_gb_per_s), links.nodes == 1,
                               cluster)
 
@@ -146,9 +160,13 @@ def pipeline_send(cluster, message: float, src: int, dst: int) -> float:
                          cluster)
 
 
-def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float, dp_links: tuple) -> StageLinks:
+def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float, dp_links: tuple,
+                      moe_layer: float = 0.0, edp_links: tuple = ()) -> StageLinks:
     """Stage i from what its groups measure: the forward communication of its slowest tp group and cp ring
-    and the links of its dp groups; `gpus` are its GPUs (any GPUs of the same GPU types give the same)."""
+    and the links of its dp groups; `gpus` are its GPUs (any GPUs of the same GPU types give the same).
+    Mixture-of-experts: `moe_layer` the forward communication of one MoE layer over its slowest expert-parallel
+    and expert-tp groups (weighted here by the share of MoE layers, (E1)), `edp_links` the expert-data-parallel
+    groups' links."""
     model, job, cluster = instance.model, instance.training, instance.cluster
     gpu_type = _slowest_type(cluster, gpus, model, job, p)
     k = stage_constants(instance, p, i, gpu_type)
@@ -157,7 +175,8 @@ def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float
     if p.zero_stage >= 3 and dp_links:
         ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster) for lk in dp_links)
-    return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs), dp_links, gpus)
+    ep = moe_cost.moe_fraction(model) * moe_layer
+    return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs, ep), dp_links, gpus, edp_links)
 
 
 def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLinks | None = None) -> StageEstimate:
@@ -170,14 +189,15 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
     compute = layers * (k.f_compute + k.b_compute) + 3 * k.output_fwd
     # (C11) data-parallel synchronisation after the stage's last backward
     dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message: max(
-        cost.collective_time(kind, message, lk, cluster) for lk in sl.dp_links))
+        cost.collective_time(kind, message, lk, cluster) for lk in sl.dp_links), (lambda kind, message: max(
+            cost.collective_time(kind, message, lk, cluster) for lk in sl.edp_links)) if sl.edp_links else None)
     opt_fixed, opt_per_layer = memory_coefficients(instance, p, i).optimizer
     return StageEstimate(
         stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
         tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
-        memory=_stage_memory(instance, p, i, layers, sl.gpus))
+        memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep)
 
 
 def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -> tuple[float, float, int, float]:
@@ -225,9 +245,11 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         "optimizer_s": optimizer,
         "overhead_s": overhead,
     }
+    if moe_cost.is_moe(model):  # expert dispatch and combine on the critical stage
+        breakdown["ep_comm_s"] = m * crit.ep_comm_s
     used = np.asarray(p.gpus)
     peaks = np.array([cluster.gpu_types[cluster.nodes[n].gpu_type].peak_tflops for n in cluster.gpu_node[used]])
-    model_flops = model.megatron_model_flops(job.global_batch_size, job.seq_length)
+    model_flops = moe_cost.model_flops(model, job.global_batch_size, job.seq_length)
     tflops_per_gpu = model_flops / total / p.world_size / 1e12
     return Estimate(
         iteration_time_s=total, tokens_per_s=job.global_batch_size * job.seq_length / total,

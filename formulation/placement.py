@@ -6,7 +6,7 @@ Ranks follow Megatron-LM's default order `tp-cp-dp-pp` (tp varies fastest):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 
 import numpy as np
@@ -30,10 +30,20 @@ class Config:
     micro_batch_size: int
     recompute: str
     zero_stage: int
+    # mixture-of-experts layers: expert parallel and expert tensor parallel sizes over the same tp x cp x dp
+    # ranks of a stage (Megatron-Core: etp x ep x expert_dp = tp x cp x dp); 1 and 1 for dense models
+    ep: int = field(default=1, kw_only=True)
+    etp: int = field(default=1, kw_only=True)
 
     def sizes(self) -> str:
         """The parallel sizes, the one spelling every table, title and message uses."""
-        return f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp}"
+        experts = f" ep={self.ep} etp={self.etp}" if (self.ep, self.etp) != (1, 1) else ""
+        return f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp}{experts}"
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size: the ranks of a stage that hold the same experts."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     def describe(self) -> str:
         return (f"{self.sizes()} vpp={self.vpp} mbs={self.micro_batch_size} recompute={self.recompute} "
@@ -98,6 +108,13 @@ class Placement(Config):
             raise ValueError(f"ep x etp = {ep} x {etp} does not divide tp x cp x dp = {per_stage}")
         return np.asarray(self.gpus).reshape(self.pp, per_stage // (ep * etp), ep, etp)
 
+    def moe_ep_groups(self, stage: int) -> np.ndarray:
+        """This placement's expert-parallel groups of a stage (its own ep and etp)."""
+        return self.ep_groups(stage, self.ep, self.etp)
+
+    def moe_expert_dp_groups(self, stage: int) -> np.ndarray:
+        return self.expert_dp_groups(stage, self.ep, self.etp)
+
     def ep_groups(self, stage: int, ep: int, etp: int) -> np.ndarray:
         """The expert-parallel groups of a stage: the GPUs a token's dispatch and combine cross."""
         return self.expert_grid(ep, etp)[stage].transpose(0, 2, 1).reshape(-1, ep)
@@ -118,6 +135,8 @@ class Placement(Config):
 
     def to_dict(self, cluster=None) -> dict:
         out = asdict(self)
+        if (self.ep, self.etp) == (1, 1):  # dense plans keep their keys
+            del out["ep"], out["etp"]
         out["layers_per_stage"] = list(self.layers_per_stage)
         out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
         return out
@@ -143,14 +162,15 @@ def default_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...] | N
 
 
 def default_placement(instance, tp: int, pp: int, cp: int = 1, dp: int | None = None, vpp: int = 1,
-                      micro_batch_size: int = 1, recompute: str = "none", zero_stage: int = 1) -> Placement:
+                      micro_batch_size: int = 1, recompute: str = "none", zero_stage: int = 1, ep: int = 1,
+                      etp: int = 1) -> Placement:
     """Megatron-style default: even layer split, ranks filled node by node in the listed order."""
     cluster = instance.cluster
     if dp is None:
         dp = cluster.num_gpus // (tp * pp * cp)
     world = tp * pp * cp * dp
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=micro_batch_size,
-                          recompute=recompute, zero_stage=zero_stage,
+                          recompute=recompute, zero_stage=zero_stage, ep=ep, etp=etp,
                           layers_per_stage=even_split(instance.model.num_layers, pp), gpus=tuple(range(world)))
     check_placement(instance, placement, "<default placement>")
     return placement
@@ -192,6 +212,7 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("layers_per_stage", "every stage needs at least one layer")
     if sum(p.layers_per_stage) != model.num_layers:
         bad("layers_per_stage", f"sums to {sum(p.layers_per_stage)}, the model has {model.num_layers} layers")
+    check_experts(model, p, bad)
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -202,6 +223,30 @@ def check_placement(instance, p: Placement, file: str) -> None:
                        f"({p.num_micro_batches(job.global_batch_size)}) divisible by pp={p.pp}")
 
 
+def check_experts(model, p: Config, bad) -> None:
+    """Megatron-Core's rules for the expert layers: etp x ep x expert_dp = tp x cp x dp (ep x etp divides the
+    stage's ranks), ep divides the experts, etp divides an expert's FFN width; a dense model has ep = etp = 1.
+    `bad(field, problem)` raises."""
+    if p.ep < 1 or p.etp < 1:
+        bad("ep" if p.ep < 1 else "etp", f"expected a positive integer, got ep={p.ep} etp={p.etp}")
+    moe = model.moe
+    if moe is None:
+        if (p.ep, p.etp) != (1, 1):
+            bad("ep" if p.ep != 1 else "etp", f"ep={p.ep} etp={p.etp}: {model.name} has no experts (expected 1)")
+        return
+    if p.zero_stage >= 3:
+        bad("zero_stage", "zero_stage=3 is not modelled for mixture-of-experts models (Megatron-Core shards experts "
+                          "with its distributed optimizer): expected 0 or 1")
+    ranks = p.tp * p.cp * p.dp
+    if ranks % (p.ep * p.etp):
+        bad("ep", f"etp={p.etp} x ep={p.ep} = {p.ep * p.etp} must divide tp={p.tp} x cp={p.cp} x dp={p.dp} = "
+                  f"{ranks} (etp x ep x expert_dp = tp x cp x dp)")
+    if moe.num_experts % p.ep:
+        bad("ep", f"ep={p.ep} must divide the {moe.num_experts} experts")
+    if moe.expert_ffn_hidden_size % p.etp:
+        bad("etp", f"etp={p.etp} must divide the expert FFN width {moe.expert_ffn_hidden_size}")
+
+
 def placement_from_dict(data: dict, instance, file: str) -> Placement:
     sec = Section(data, file, "")
     tp, pp = sec.integer("tp"), sec.integer("pp")
@@ -210,6 +255,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     if dp < 1:
         raise sec.error("dp", "tp x pp x cp exceeds the cluster")
     mbs = sec.integer("micro_batch_size", default=1)
+    ep, etp = sec.integer("ep", default=1), sec.integer("etp", default=1)
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     zero = sec.raw("zero_stage", None)
     dist_opt = sec.raw("distributed_optimizer", None)
@@ -243,7 +289,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
         gpus = tuple(gpus)
     sec.done()
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
-                          zero_stage=zero, layers_per_stage=tuple(layers), gpus=gpus)
+                          zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus)
     check_placement(instance, placement, file)
     return placement
 

@@ -57,7 +57,26 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
                 continue
             for recompute in job.recompute:
                 for zero in job.zero_stage:
-                    yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero)
+                    if zero >= 3 and model.moe is not None:  # Megatron-Core shards experts with its
+                        continue  # distributed optimizer (zero 1), not ZeRO-3
+                    for ep, etp in expert_sizes(instance, tp * cp * dp):
+                        yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp)
+
+
+def expert_sizes(instance, ranks: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs Megatron-Core accepts on a stage of `ranks` = tp x cp x dp ranks (docs/moe.md): ep divides
+    the experts, etp the expert FFN width, ep x etp the ranks; restricted to the job's allowed sizes. Dense: (1, 1)."""
+    moe, job = instance.model.moe, instance.training
+    if moe is None:
+        return [(1, 1)]
+    out = []
+    for etp in job.expert_tensor_parallel_sizes:
+        if ranks % etp or moe.expert_ffn_hidden_size % etp:
+            continue
+        for ep in divisors(ranks // etp):
+            if moe.num_experts % ep == 0 and (not job.expert_parallel_sizes or ep in job.expert_parallel_sizes):
+                out.append((ep, etp))
+    return out
 
 
 def placement_for(config: Config, layers_per_stage, gpus) -> Placement:

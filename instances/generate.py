@@ -116,6 +116,37 @@ def h100_16384(seed: int = 16384) -> dict:
         virtual_pipeline_sizes=[1, 2, 4, 7])
 
 
+def mixtral_8x7b_h100_64(seed: int = 64) -> dict:
+    """8 DGX H100 nodes on one leaf (~48 GB/s per NIC, +-3 % noise), one half-speed NIC: Mixtral-8x7B, whose
+    expert all-to-all decides whether an expert-parallel group stays inside a node."""
+    rng = random.Random(seed)
+    matrix = [[0.0] * 8 for _ in range(8)]
+    for i in range(8):
+        for j in range(i + 1, 8):
+            matrix[i][j] = matrix[j][i] = round(48.0 * rng.uniform(0.97, 1.03), 1)
+    return _dgx_h100(
+        "mixtral_8x7b_h100_64",
+        "Mixtral-8x7B (8 experts, top-2), sequence 4096, global batch 512 sequences (2M tokens per step) on 8 DGX "
+        "H100 nodes of one leaf, node h100-03 with a half-speed NIC; expert parallelism is planned with the map.",
+        "mixtral-8x7b",
+        {"global_batch_size": 512, "seq_length": 4096, "recompute": ["none", "selective", "full"],
+         "zero_stage": [0, 1], "max_micro_batch_size": 2, "context_parallel_sizes": [1],
+         "virtual_pipeline_sizes": [1, 2, 4]},
+        [{"name": f"h100-{i:02d}", "gpu_type": "h100-sxm-80gb", "gpus": 8} for i in range(8)],
+        {"nodes": [{"node": "h100-03", "inter_node_gb_per_s": 24.0}], "node_matrix_gb_per_s": matrix})
+
+
+def deepseek_v3_h100_1024(seed: int = 1024) -> dict:
+    """128 nodes on the fat tree of h100_1024 (same seed: the same slow NICs and congested pairs), DeepSeek-V3."""
+    return _fat_tree(
+        "deepseek_v3_h100_1024",
+        "DeepSeek-V3 (671B, 37B active; 256 routed experts top-8, one shared, MLA, first three layers dense), "
+        "sequence 4096, global batch 2048 sequences (8M tokens per step) on 128 DGX H100 nodes: the fat tree of "
+        "h100_1024 (leaf groups of 32 nodes, spine ~40 GB/s per NIC, two half-speed NICs, three congested pairs).",
+        "deepseek-v3", 128, seed, 2, 3, global_batch_size=2048, seq_length=4096, recompute=["selective", "full"],
+        zero_stage=[1], max_micro_batch_size=1, context_parallel_sizes=[1], virtual_pipeline_sizes=[1, 2])
+
+
 def _pairwise_matrix(rng: random.Random, nodes: int) -> list[list[float]]:
     """Every node pair its own measured bandwidth, uniform in 15-25 GB/s per NIC."""
     matrix = [[0.0] * nodes for _ in range(nodes)]
@@ -265,7 +296,8 @@ def mixed_256() -> dict:
 BUILDERS = {"small_4x2": lambda: small_matrix(4, 2), "small_2x4": lambda: small_matrix(2, 4),"h100_128": h100_128, "h100_1024": h100_1024, "h100_16384": h100_16384,
             "measured_4": lambda: measured_matrix(4), "measured_16": lambda: measured_matrix(16), "measured_32": lambda: measured_matrix(32),
             "measured_64": lambda: measured_matrix(64),
-            "a100_h100_64": a100_h100_64, "mixed_256": mixed_256}
+            "a100_h100_64": a100_h100_64, "mixed_256": mixed_256, "mixtral_8x7b_h100_64": mixtral_8x7b_h100_64,
+            "deepseek_v3_h100_1024": deepseek_v3_h100_1024}
 
 
 def write(name: str, data: dict, out_dir: Path) -> Path:

@@ -17,6 +17,11 @@ DEFAULT_STACK = "megatron"
 DEEPSPEED = ("megatron-deepspeed",)
 # DeepSpeed's documented defaults: reduce_bucket_size and allgather_bucket_size of 5e8 elements each
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
+# Mixture-of-experts token dispatchers of Megatron-Core (--moe-token-dispatcher-type)
+MOE_DISPATCHERS = ("alltoall", "allgather")
+# Busiest expert's tokens over the even share, for a dropless router (docs/moe.md): Switch Transformer (Fedus et
+# al. 2022, section 2.2) trains with capacity factor 1.25, the headroom over an even split given to each expert.
+MOE_LOAD_IMBALANCE = 1.25
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,13 @@ class TrainingJob:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False  # Transformer Engine userbuffers: tp collectives hidden behind GEMMs
     ddp_bucket_params: int = 40_000_000  # Megatron-LM's default gradient bucket
+    # mixture-of-experts models only (docs/moe.md): allowed expert parallel / expert tensor parallel sizes
+    # (empty: every size Megatron-Core accepts), the token dispatcher, the load-imbalance factor, grouped GEMM
+    expert_parallel_sizes: tuple[int, ...] = ()
+    expert_tensor_parallel_sizes: tuple[int, ...] = (1,)
+    moe_token_dispatcher: str = "alltoall"
+    moe_load_imbalance: float = MOE_LOAD_IMBALANCE
+    moe_grouped_gemm: bool = True
 
     def sequence_parallel_size(self, tp: int) -> int:
         """How many ways the norm/residual activations and the pipeline messages are split: tp with sequence
@@ -107,6 +119,11 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         overlap_param_gather=sec.boolean("overlap_param_gather", default=stack not in DEEPSPEED),
         tp_comm_overlap=sec.boolean("tp_comm_overlap", default=False),
         ddp_bucket_params=sec.integer("ddp_bucket_params", default=40_000_000),
+        expert_parallel_sizes=_sizes(sec, "expert_parallel_sizes", ()) if sec.has("expert_parallel_sizes") else (),
+        expert_tensor_parallel_sizes=_sizes(sec, "expert_tensor_parallel_sizes", (1,)),
+        moe_token_dispatcher=sec.string("moe_token_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
+        moe_load_imbalance=sec.number("moe_load_imbalance", default=MOE_LOAD_IMBALANCE, minimum=1.0, maximum=64.0),
+        moe_grouped_gemm=sec.boolean("moe_grouped_gemm", default=True),
     )
     for cp in job.context_parallel_sizes:  # a listed size that can never apply is a mistake, not a choice
         if job.seq_length % cp:

@@ -35,11 +35,6 @@ _HF_IGNORED = {
 _HF_DROPOUT = ("hidden_dropout", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
                "attention_probs_dropout_prob")
 _HF_NULLABLE = ("num_key_value_heads", "head_dim")  # written as null by some configs: the default applies
-# Keys that name an MoE or latent-attention config: the refusal names the first present (sorted)
-_MOE_KEYS = {"num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-             "kv_lora_rank"}
-
-
 @dataclass(frozen=True)
 class Model:
     """A dense decoder. Sizes are those of the whole model (before any parallel split)."""
@@ -150,10 +145,10 @@ class Model:
         return split, replicated, scores
 
 
-def model_from_dict(data: dict, file: str, path: str = "model", allow_moe: bool = False) -> Model:
-    """Build a `Model` from Hugging Face `config.json` fields (strict: unknown keys are errors). Mixture-of-experts
-    and latent-attention configs load only with `allow_moe` (parameter counts): the cost and memory models do
-    not cover them yet, so planning refuses them."""
+def model_from_dict(data: dict, file: str, path: str = "model", allow_moe: bool = True) -> Model:
+    """Build a `Model` from Hugging Face `config.json` fields (strict: unknown keys are errors), mixture-of-experts
+    and latent-attention configs included (docs/moe.md); `allow_moe` is kept for callers of the earlier
+    signature and no longer refuses anything."""
     if isinstance(data, dict):  # sizes written as null mean the default
         data = {k: v for k, v in data.items() if not (k in _HF_NULLABLE and v is None)}
     sec = Section(data, file, path)
@@ -204,18 +199,7 @@ def model_from_dict(data: dict, file: str, path: str = "model", allow_moe: bool 
                   num_kv_heads=kv_heads, vocab_size=vocab, head_dim=head_dim, tie_word_embeddings=tie, mlp=mlp,
                   norm=norm, dropout=dropout, learned_position_embeddings=learned, max_position_embeddings=max_pos,
                   moe=moe, mla=mla, mtp_layers=mtp)
-    if (moe or mla) and not allow_moe:
-        raise _not_plannable(model, sec)
     return model
-
-
-def _not_plannable(model: Model, sec: Section) -> InputError:
-    """The refusal of an MoE / latent-attention model, naming its first such field and its size."""
-    counts = parameter_counts(model)
-    key = next(k for k in sorted(sec.data) if k in _MOE_KEYS and (k != "kv_lora_rank" or not model.moe))
-    return sec.error(key, f"mixture-of-experts models are not supported yet (got {sec.data[key]!r}; {model.name} "
-                          f"has {counts.total / 1e9:.1f}B parameters, {counts.active / 1e9:.1f}B active; planning "
-                          f"needs expert parallelism, whose cost and memory are not modelled yet)")
 
 
 def preset_names() -> list[str]:

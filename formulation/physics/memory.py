@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from formulation.physics import cost
+from formulation.physics import cost, moe_cost, moe_memory
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS
 
 GIB = float(1 << 30)
@@ -152,12 +152,18 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
     # (M1)-(M3) weights, gradients, optimizer state
     w_div = shard if p.zero_stage >= 3 else 1
     o_div = shard if p.zero_stage >= 1 else 1
-    weights = (fixed_params * w_bytes / w_div, layer_params * w_bytes / w_div)
-    gradients = (fixed_params * g_bytes / w_div, layer_params * g_bytes / w_div)
-    optimizer = (fixed_params * o_bytes / o_div, layer_params * o_bytes / o_div)
+    per_layer = (layer_params * w_bytes / w_div, layer_params * g_bytes / w_div, layer_params * o_bytes / o_div)
+    if moe_cost.is_moe(model):  # (EM1) experts split by ep x etp, their optimizer over expert data parallelism
+        per_layer = moe_memory.layer_state_bytes(instance, p)
+    weights = (fixed_params * w_bytes / w_div, per_layer[0])
+    gradients = (fixed_params * g_bytes / w_div, per_layer[1])
+    optimizer = (fixed_params * o_bytes / o_div, per_layer[2])
     # (M4)-(M5) activations
     m = p.num_micro_batches(job.global_batch_size)
-    kept, working = layer_activation_bytes(model, job, p)
+    if moe_cost.is_moe(model):  # (EM2)-(EM3) routed tokens and latents
+        kept, working = moe_memory.activation_bytes(model, job, p, layer_activation_bytes)
+    else:
+        kept, working = layer_activation_bytes(model, job, p)
     seq = job.seq_length / p.cp
     sbh = seq * p.micro_batch_size * model.hidden_size
     sp = job.sequence_parallel_size(p.tp)
@@ -173,6 +179,7 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
     # (M6) buffers: ZeRO-3 gathers two layers ahead (bf16) and reduce-scatters one layer's gradients
     if p.zero_stage >= 3:
         buf_fixed += layer_params * (2 * w_bytes + g_bytes)
+    buf_fixed += moe_memory.dispatch_buffer_bytes(model, job, p)  # (EM4), 0 for dense models
     buf_per_layer = layer_params * unsharded_pipeline_bytes(job, p)
     if job.software_stack in DEEPSPEED and 1 <= p.zero_stage < 3:
         # DeepSpeed ZeRO-1 stages its reduce-scatter and all-gather through two 16-bit bucket buffers

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from formulation.physics import cost
+from formulation.physics import cost, moe_cost
 from formulation.physics.memory import memory_coefficients
 
 
@@ -24,6 +24,9 @@ class StageConstants:
     params_fixed: float  # stage parameters per GPU = params_fixed + params_per_layer x layers (unsharded)
     params_per_layer: float
     layer_params: float  # one layer's parameters per GPU (ZeRO-3 gathers)
+    # mixture-of-experts models: routed experts' parameters per GPU of the mean layer (docs/moe.md (E1)),
+    # synchronised over the expert-data-parallel group; params_per_layer is then the rest of the layer
+    expert_params_per_layer: float = 0.0
 
     def window_b(self, layers: int) -> float:
         """Compute-only backward of the last micro-batch: hides the gradient reduce-scatter (C11)."""
@@ -39,18 +42,21 @@ class StageConstants:
 
 def stage_constants(instance, p, stage: int, gpu_type) -> StageConstants:
     model, job = instance.model, instance.training
-    lt = cost.layer_compute(model, job, p, gpu_type)
+    lt = moe_cost.layer_compute(model, job, p, gpu_type)
     extra, rp = cost.recompute_extra(lt, p.recompute, job.software_stack)
     b_compute = 2 * lt.forward + extra
     w_bytes = job.bytes_per_param_state[0]
     c = memory_coefficients(instance, p, stage)
     unshard = p.dp * p.cp if p.zero_stage >= 3 else 1
+    per_layer, experts = c.weights[1] / w_bytes * unshard, 0.0
+    if moe_cost.is_moe(model):  # (E1) the mean layer's parameters, experts apart (memory holds the heaviest)
+        per_layer, experts = moe_cost.layer_params_per_gpu(model, p)
     return StageConstants(
         f_compute=lt.forward, b_compute=b_compute, matmul_fwd=lt.matmul_fwd, attention_fwd=lt.attention_fwd,
         recompute_passes=rp,
         output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == p.pp - 1 else 0.0,
-        params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=c.weights[1] / w_bytes * unshard,
-        layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params)
+        params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=per_layer,
+        layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts)
 
 
 @dataclass(frozen=True)
@@ -62,13 +68,17 @@ class LayerTime:
     tp: float  # exposed tensor-parallel communication (forward + backward)
     cp: float
     zero3: float
+    ep: float = 0.0  # expert-parallel dispatch and combine (mixture-of-experts layers, docs/moe.md (E7))
 
 
-def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: float, rs: float) -> LayerTime:
-    """(C6), (C8), (C12): exposed communication of one layer given its stage's slowest groups.
+def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: float, rs: float,
+               ep: float = 0.0) -> LayerTime:
+    """(C6), (C8), (C12), (E7): exposed communication of one layer given its stage's slowest groups.
 
     tp, cp: forward communication of the slowest tp / cp group; ag, rs: ZeRO-3 per-layer all-gather and
-    reduce-scatter of the slowest data-parallel group (0 without ZeRO-3). Non-decreasing in every argument.
+    reduce-scatter of the slowest data-parallel group (0 without ZeRO-3); ep: forward token dispatch and
+    combine of the mean layer over its slowest expert groups (not overlapped; backward the same again, full
+    recompute once more). Non-decreasing in every argument.
     """
     if tp_overlap:  # what the GEMMs cannot hide, and at least the share contention leaves exposed
         num, den = cost.tp_overlap_exposed()
@@ -82,8 +92,9 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
     z3_f = max(0.0, ag - (k.f_compute + tp_f + cp_f))
     z3_b = max(0.0, ag + rs - (k.b_compute + tp_b + cp_b))
-    return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f, backward=k.b_compute + tp_b + cp_b + z3_b,
-                     tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b)
+    ep_b = ep * (1 + k.recompute_passes)
+    return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f + ep, backward=k.b_compute + tp_b + cp_b + z3_b + ep_b,
+                     tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b, ep=ep + ep_b)
 
 
 def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str, float, bool, float]]:
@@ -119,12 +130,35 @@ def stage_passes(k: StageConstants, lt: LayerTime, layers: int) -> tuple[float, 
     return layers * lt.forward + k.output_fwd, layers * lt.backward + 2 * k.output_fwd
 
 
-def dp_sync(instance, p, k: StageConstants, layers: int, slowest) -> tuple[float, float]:
+def expert_dp_messages(instance, p, k: StageConstants, layers: int) -> dict:
+    """(E9) The experts' gradient synchronisation over the expert-data-parallel group, collective -> bytes, in
+    the collectives of (C11) (zero 0 all-reduce, zero 1 reduce-scatter + all-gather)."""
+    if k.expert_params_per_layer == 0 or p.expert_dp == 1:
+        return {}
+    w_bytes, g_bytes, _ = instance.training.bytes_per_param_state
+    params = k.expert_params_per_layer * layers
+    if p.zero_stage == 0:
+        return {"all_reduce": params * g_bytes}
+    return {"reduce_scatter": params * g_bytes, "all_gather": params * w_bytes}
+
+
+def dp_sync(instance, p, k: StageConstants, layers: int, slowest, expert_slowest=None) -> tuple[float, float]:
     """(C11) The stage's data-parallel sync and its exposed part: `slowest(kind, message)` is the time of the
-    stage's slowest dp group for that collective."""
+    stage's slowest dp group for that collective; `expert_slowest(kind, message)` the same over the expert-data-
+    parallel groups (E9), which share the collective's window."""
+    parts = dp_sync_parts(instance, p, k, layers)
+    experts = expert_dp_messages(instance, p, k, layers) if expert_slowest else {}
+    if experts and not parts:  # the dense parameters need no sync, the experts do
+        windows = {"all_reduce": k.window_b(layers), "reduce_scatter": k.window_b(layers),
+                   "all_gather": k.window_f(layers)}
+        overlap = {"all_reduce": instance.training.overlap_grad_reduce,
+                   "reduce_scatter": instance.training.overlap_grad_reduce,
+                   "all_gather": instance.training.overlap_param_gather}
+        parts = [(kind, 0.0, overlap[kind], windows[kind]) for kind in experts]
     total = exposed = 0.0
-    for kind, message, overlapped, window in dp_sync_parts(instance, p, k, layers):
-        time = slowest(kind, message)
+    for kind, message, overlapped, window in parts:
+        time = (slowest(kind, message) if message > 0 else 0.0) + (
+            expert_slowest(kind, experts[kind]) if kind in experts else 0.0)
         total += time
         exposed += dp_part_exposed(time, window, overlapped)
     return total, exposed

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from formulation.physics import cost
+from formulation.physics.moe_cost import is_moe
 from formulation.evaluate import (
     compose_iteration,
     group_comm,
@@ -80,6 +81,8 @@ class FastScorer:
         c = config
         self.tp, self.pp, self.cp, self.dp, self.vpp = c.tp, c.pp, c.cp, c.dp, c.vpp
         self.S = c.tp * c.cp * c.dp  # ranks per stage
+        self.ep, self.etp = c.ep, c.etp  # expert groups over the same ranks (mixture-of-experts; 1, 1 when dense)
+        self.moe = is_moe(instance.model)
         self.world = self.S * c.pp
         self.N = self.cluster.num_gpus
         self.probe = placement_for(config, tuple(layers), range(self.world))
@@ -111,6 +114,14 @@ class FastScorer:
         if kind == "cp":  # g = dp_i * tp + tp_i
             d, t = divmod(g, tp)
             return range(base + t + tp * cp * d, base + tp * cp * (d + 1), tp)
+        ep, etp = self.ep, self.etp  # expert order etp-ep-edp (Placement.expert_grid)
+        if kind == "etp":
+            return range(base + g * etp, base + (g + 1) * etp)
+        if kind == "ep":  # g = edp_i * etp + etp_i
+            d, t = divmod(g, etp)
+            return range(base + t + etp * ep * d, base + etp * ep * (d + 1), etp)
+        if kind == "edp":  # g = ep_i * etp + etp_i
+            return range(base + g, base + self.S, etp * ep)
         return range(base + g, base + self.S, tp)  # "dp": Megatron's dp x cp group of tp coordinate g
 
     def group_id(self, positions) -> int:
@@ -155,13 +166,22 @@ class FastScorer:
 
     def stage_fits(self, i: int, layers: int, tkey: tuple) -> bool:
         """Whether stage i, on GPUs of the types `tkey` (its current ones), fits with `layers` layers."""
-        return self._stage(i, layers, tkey, self.tp_max[i], self.cp_max[i], self.dp_ids[i])[4]
+        return self._stage(i, layers, tkey, self.tp_max[i], self.cp_max[i], self.dp_ids[i], self._moe_of(i))[4]
 
-    def _stage(self, i: int, layers: int, tkey: tuple, tp: float, cp: float, dp_ids: list) -> tuple:
+    def _moe_of(self, i: int, new_max: dict | None = None, new_edp: dict | None = None) -> tuple:
+        """Stage i's expert groups as the stage sees them: (slowest ep + slowest etp forward time, edp group ids)."""
+        if not self.moe:
+            return (0.0, ())
+        new_max, new_edp = new_max or {}, new_edp or {}
+        return (new_max.get(("ep", i), self.ep_max[i]) + new_max.get(("etp", i), self.etp_max[i]),
+                tuple(new_edp.get(i, self.edp_ids[i])))
+
+    def _stage(self, i: int, layers: int, tkey: tuple, tp: float, cp: float, dp_ids: list,
+               moe: tuple = (0.0, ())) -> tuple:
         """(time per micro-batch, exposed dp sync, optimizer, overhead, fits, slack, StageEstimate): the
         evaluator's own stage functions (links_from_groups, stage_estimate) on the cached group values, memoised
         on their inputs (dp_ids: the stage's data-parallel groups); slack is a tie-break only."""
-        key = (i, layers, tkey, tp, cp, tuple(dp_ids))
+        key = (i, layers, tkey, tp, cp, tuple(dp_ids), moe)
         out = self._stages.get(key)
         if out is None:
             self._weight += 8 + len(dp_ids)
@@ -169,7 +189,8 @@ class FastScorer:
             links = self._stage_links.get(lkey)
             if links is None:
                 links = self._stage_links[lkey] = links_from_groups(
-                    self.instance, self.probe, i, self._type[tkey], tp, cp, tuple(self.links[g] for g in dp_ids))
+                    self.instance, self.probe, i, self._type[tkey], tp, cp, tuple(self.links[g] for g in dp_ids),
+                    moe[0], tuple(self.links[g] for g in moe[1]))
             est = stage_estimate(self.instance, self.probe, i, layers, links)
             overhead = self.cluster.gpu_types[est.gpu_type].iteration_overhead_s
             out = self._stages[key] = (est.time_per_micro_batch_s, est.dp_exposed_s, est.optimizer_s, overhead,
@@ -200,12 +221,15 @@ class FastScorer:
                                  for g in range(dp * tp)] if cp > 1 else [])
             self.dp_ids.append([self.group_id(self._group_positions("dp", i, g)) for g in range(tp)]
                                  if dp * cp > 1 else [])
+            self._rebuild_experts(i)
             counts = [0] * len(self.type_names)
             for r in range(i * S, (i + 1) * S):
                 counts[self.type_of[perm[r]]] += 1
             self.counts.append(counts)
         self.tp_max = [max(v, default=0.0) for v in self.tp_vals]
         self.cp_max = [max(v, default=0.0) for v in self.cp_vals]
+        self.ep_max = [max(v, default=0.0) for v in self.ep_vals]
+        self.etp_max = [max(v, default=0.0) for v in self.etp_vals]
         self.pairs = [[self._pair_value(perm[j * S + q], perm[(j + 1) * S + q]) for q in range(S)]
                       for j in range(pp - 1)]
         if self.vpp > 1:
@@ -213,12 +237,25 @@ class FastScorer:
         self.pair_max = [max(v) for v in self.pairs]
         self.tkeys = [self._stage_type(c) for c in self.counts]
         self.stages = [self._stage(i, self.layers[i], self.tkeys[i], self.tp_max[i], self.cp_max[i],
-                                   self.dp_ids[i]) for i in range(pp)]
+                                   self.dp_ids[i], self._moe_of(i)) for i in range(pp)]
         self.total = self._compose(self.stages, self.pair_max[:pp - 1], self.pair_max[-1] if self.vpp > 1 else 0.0)
         self.fits = all(s[4] for s in self.stages)
         self.slack = (sum(map(sum, self.tp_vals)) + sum(map(sum, self.cp_vals)) + sum(map(sum, self.pairs))
-                      + sum(s[5] for s in self.stages))
+                      + sum(map(sum, self.ep_vals)) + sum(map(sum, self.etp_vals)) + sum(s[5] for s in self.stages))
         self._pending, self.pending_slack = None, self.slack
+
+    def _rebuild_experts(self, i: int) -> None:
+        """Stage i's expert-parallel and expert-tp group values and expert-data-parallel group ids."""
+        if i == 0:
+            self.ep_vals, self.etp_vals, self.edp_ids = [], [], []
+        S, ep, etp = self.S, self.ep, self.etp
+        moe = self.moe
+        self.ep_vals.append([self._group_value("ep", self.group_id(self._group_positions("ep", i, g)))
+                             for g in range(S // ep)] if moe and ep > 1 else [])
+        self.etp_vals.append([self._group_value("etp", self.group_id(self._group_positions("etp", i, g)))
+                              for g in range(S // etp)] if moe and etp > 1 else [])
+        self.edp_ids.append([self.group_id(self._group_positions("edp", i, g)) for g in range(ep * etp)]
+                            if moe and S // (ep * etp) > 1 else [])
 
     # ---- moves --------------------------------------------------------------------------------------------
     def propose_perm(self, changes: dict) -> float | None:
@@ -230,21 +267,21 @@ class FastScorer:
             perm[x] = g
         touched, counts = self._touched_groups(changes, old)
         self._value_touched(touched)
-        new_max, new_dp = {}, {}
+        new_max, new_dp, new_edp = {}, {}, {}
         stages, pair_max = list(self.stages), list(self.pair_max)
         slack = self.slack
         dirty = set(counts)
         for (kind, i), idx in touched.items():
-            if kind in ("tp", "cp"):
-                values = (self.tp_vals if kind == "tp" else self.cp_vals)[i]
-                new_max[(kind, i)] = _new_max(values, (self.tp_max if kind == "tp" else self.cp_max)[i], idx)
+            if kind in ("tp", "cp", "ep", "etp"):
+                values, current = self._vals(kind)[i], self._maxes(kind)[i]
+                new_max[(kind, i)] = _new_max(values, current, idx)
                 slack += sum(v - values[g] for g, v in idx.items())
                 dirty.add(i)
-            elif kind == "dp":
-                links = list(self.dp_ids[i])
+            elif kind in ("dp", "edp"):
+                links = list((self.dp_ids if kind == "dp" else self.edp_ids)[i])
                 for g, lk in idx.items():
                     links[g] = lk
-                new_dp[i] = links
+                (new_dp if kind == "dp" else new_edp)[i] = links
                 dirty.add(i)
             else:
                 pair_max[i] = _new_max(self.pairs[i], self.pair_max[i], idx)
@@ -254,13 +291,30 @@ class FastScorer:
             if i in counts:
                 tkeys[i] = self._stage_type(counts[i])
             stages[i] = self._stage(i, self.layers[i], tkeys[i], new_max.get(("tp", i), self.tp_max[i]),
-                                    new_max.get(("cp", i), self.cp_max[i]), new_dp.get(i, self.dp_ids[i]))
+                                    new_max.get(("cp", i), self.cp_max[i]), new_dp.get(i, self.dp_ids[i]),
+                                    self._moe_of(i, new_max, new_edp))
             slack += stages[i][5] - self.stages[i][5]
         self.pending_slack = slack
         self._pending = ("perm", old, touched, new_max, new_dp, counts, tkeys, stages, pair_max)
         if not all(stages[i][4] for i in dirty):
             return None
         return self._compose(stages, pair_max[:pp - 1], pair_max[-1] if self.vpp > 1 else 0.0)
+
+    def _vals(self, kind: str) -> list:
+        return {"tp": self.tp_vals, "cp": self.cp_vals, "ep": self.ep_vals, "etp": self.etp_vals}[kind]
+
+    def _maxes(self, kind: str) -> list:
+        return {"tp": self.tp_max, "cp": self.cp_max, "ep": self.ep_max, "etp": self.etp_max}[kind]
+
+    def _touch_experts(self, touched: dict, i: int, q: int) -> None:
+        """The expert groups rank position q of stage i belongs to (etp-ep-edp order)."""
+        ep, etp = self.ep, self.etp
+        if ep > 1:
+            touched.setdefault(("ep", i), {})[(q // (etp * ep)) * etp + q % etp] = None
+        if etp > 1:
+            touched.setdefault(("etp", i), {})[q // etp] = None
+        if self.S // (ep * etp) > 1:
+            touched.setdefault(("edp", i), {})[q % (etp * ep)] = None
 
     def _touched_groups(self, changes: dict, old: dict) -> tuple[dict, dict]:
         """The groups and sends a permutation change touches, (kind, stage) -> {index: None}, and the new GPU-type
@@ -279,6 +333,8 @@ class FastScorer:
                 touched.setdefault(("cp", i), {})[(q // (tp * cp)) * tp + q % tp] = None
             if self.dp * cp > 1:
                 touched.setdefault(("dp", i), {})[q % tp] = None
+            if self.moe:
+                self._touch_experts(touched, i, q)
             if i > 0:
                 touched.setdefault(("pair", i - 1), {})[q] = None
             if i < pp - 1:
@@ -300,8 +356,8 @@ class FastScorer:
                     src = perm[i * S + g]
                     dst = perm[(i + 1) * S + g] if i < pp - 1 else perm[g]
                     idx[g] = self._pair_value(src, dst)
-                elif kind == "dp":
-                    idx[g] = self.group_id(self._group_positions("dp", i, g))
+                elif kind in ("dp", "edp"):
+                    idx[g] = self.group_id(self._group_positions(kind, i, g))
                 else:
                     idx[g] = self._group_value(kind, self.group_id(self._group_positions(kind, i, g)))
 
@@ -310,7 +366,8 @@ class FastScorer:
         stages = list(self.stages)
         dirty = [i for i in range(self.pp) if layers[i] != self.layers[i]]
         for i in dirty:
-            stages[i] = self._stage(i, layers[i], self.tkeys[i], self.tp_max[i], self.cp_max[i], self.dp_ids[i])
+            stages[i] = self._stage(i, layers[i], self.tkeys[i], self.tp_max[i], self.cp_max[i], self.dp_ids[i],
+                                    self._moe_of(i))
         self.pending_slack = self.slack + sum(stages[i][5] - self.stages[i][5] for i in dirty)
         self._pending = ("layers", list(layers), stages)
         if min(layers) < 1 or not all(stages[i][4] for i in dirty):
@@ -324,11 +381,12 @@ class FastScorer:
         else:
             _, _, touched, new_max, _, counts, tkeys, stages, pair_max = pend
             for (kind, i), idx in touched.items():
-                target = {"tp": self.tp_vals, "cp": self.cp_vals, "dp": self.dp_ids, "pair": self.pairs}[kind][i]
+                target = {"tp": self.tp_vals, "cp": self.cp_vals, "dp": self.dp_ids, "pair": self.pairs,
+                          "ep": self.ep_vals, "etp": self.etp_vals, "edp": self.edp_ids}[kind][i]
                 for g, v in idx.items():
                     target[g] = v
             for (kind, i), v in new_max.items():
-                (self.tp_max if kind == "tp" else self.cp_max)[i] = v
+                self._maxes(kind)[i] = v
             for i, c in counts.items():
                 self.counts[i] = c
             self.tkeys, self.stages, self.pair_max = tkeys, stages, pair_max

@@ -164,7 +164,33 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
             args.append(("--overlap-param-gather", None))
     if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
-    return args, notes, env
+    return args + moe_arguments(model, job, p), notes, env
+
+
+def moe_arguments(model, job, p: Placement) -> list[tuple[str, object]]:
+    """Megatron-LM's mixture-of-experts and multi-head latent attention flags (docs/moe.md); none for dense."""
+    args: list[tuple[str, object]] = []
+    moe = model.moe
+    if moe is not None:
+        dense = [i for i, kind in enumerate(moe.layer_pattern) if not kind]
+        args += [("--num-experts", moe.num_experts), ("--moe-router-topk", moe.topk),
+                 ("--moe-ffn-hidden-size", moe.expert_ffn_hidden_size),
+                 ("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp),
+                 ("--moe-token-dispatcher-type", job.moe_token_dispatcher)]
+        if job.moe_grouped_gemm:
+            args.append(("--moe-grouped-gemm", None))
+        if dense:  # Megatron-LM's list form, 1 = MoE layer
+            args.append(("--moe-layer-freq", "[" + ",".join(str(k) for k in moe.layer_pattern) + "]"))
+        if moe.shared_expert_ffn_hidden_size:
+            args.append(("--moe-shared-expert-intermediate-size", moe.shared_expert_ffn_hidden_size))
+    mla = model.mla
+    if mla is not None:
+        args += [("--multi-latent-attention", None), ("--kv-lora-rank", mla.kv_lora_rank),
+                 ("--qk-head-dim", mla.qk_nope_head_dim), ("--qk-pos-emb-head-dim", mla.qk_rope_head_dim),
+                 ("--v-head-dim", mla.v_head_dim)]
+        if mla.q_lora_rank is not None:
+            args.append(("--q-lora-rank", mla.q_lora_rank))
+    return args
 
 
 def megatron_args_script(instance, plan) -> str:

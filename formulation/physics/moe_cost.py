@@ -1,0 +1,203 @@
+"""Mixture-of-experts and latent-attention layers: compute, expert-parallel communication and model FLOPs
+(docs/moe.md (E1)-(E8)). Dense models never reach this module's MoE terms: `layer_compute` hands them to
+formulation/physics/cost.py unchanged.
+
+Layer heterogeneity: a model whose layers differ (DeepSeek-V3's first three dense layers, Qwen's
+`mlp_only_layers`) is costed per layer as the pattern's mean (E1): exact for models whose layers are all of one
+kind (Mixtral, Qwen3-MoE) and for the model's total work, approximate for one stage's share of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from formulation.physics import cost
+
+# Rows of one tile of a grouped GEMM (CUTLASS / Transformer Engine grouped GEMMs tile M by 128): an expert whose
+# token count does not fill its last tile still pays for the whole tile (E4).
+GROUPED_GEMM_TILE_ROWS = 128
+
+
+def is_moe(model) -> bool:
+    """The model has experts or latent attention: costed here rather than by cost.layer_compute alone."""
+    return model.moe is not None or model.mla is not None
+
+
+def moe_fraction(model) -> float:
+    """Share of the layers that are MoE layers (0 for a dense model)."""
+    return model.moe.num_moe_layers / model.num_layers if model.moe else 0.0
+
+
+def attention_params(model) -> int:
+    """Weights of one layer's attention projections: MLA's down/up projections or GQA's Q, K, V, O."""
+    return model.mla.params(model.hidden_size, model.num_attention_heads) if model.mla else model.attention_params
+
+
+def attention_head_dims(model) -> tuple[int, int]:
+    """(query/key head width, value head width): MLA's nope + rope and v_head_dim, else head_dim twice."""
+    if model.mla:
+        return model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim, model.mla.v_head_dim
+    return model.head_dim, model.head_dim
+
+
+def routed_tokens(job, p) -> float:
+    """(E2) Token copies one GPU sends to the experts per MoE layer and micro-batch: top-k of its tokens; with
+    tp > 1 Megatron-Core requires sequence parallelism, so each tp rank routes tokens / tp of them."""
+    return p.micro_batch_size * job.seq_length / p.cp / p.tp
+
+
+def expert_tokens(model, job, p) -> float:
+    """(E3) Token copies the busiest GPU's local experts process per MoE layer and micro-batch: the top-k copies
+    of its own share of tokens (uniform routing), x etp (expert tensor parallelism gathers its group's tokens),
+    x the load-imbalance factor."""
+    return model.moe.topk * routed_tokens(job, p) * p.etp * job.moe_load_imbalance
+
+
+def expert_matmul_time(model, job, p, gpu_type) -> float:
+    """(E4) The routed experts' GEMMs of one MoE layer, forward, on the busiest GPU.
+
+    FLOPs: 2 x token copies x (matrices x h x f_e / etp). With grouped GEMM the local experts run as one kernel
+    at the efficiency of their total work, each expert's rows padded to whole tiles of 128; without it each
+    expert is its own GEMM at the efficiency of its own (small) size."""
+    moe = model.moe
+    local = moe.num_experts // p.ep
+    copies = expert_tokens(model, job, p)
+    per_row = 2.0 * model.mlp_matrices * model.hidden_size * moe.expert_ffn_hidden_size / p.etp
+    flops = copies * per_row
+    per_expert = copies / local
+    fp8 = cost.fp8_gemms(job, gpu_type)
+    if job.moe_grouped_gemm:
+        padded = math.ceil(per_expert / GROUPED_GEMM_TILE_ROWS) * GROUPED_GEMM_TILE_ROWS * local * per_row
+        return gpu_type.matmul_time(padded, padded / 1e9, fp8=fp8)
+    return local * gpu_type.matmul_time(per_expert * per_row, per_expert * per_row / 1e9, fp8=fp8)
+
+
+def _moe_matmul_time(model, job, p, gpu_type, tokens: float) -> float:
+    """Forward GEMMs of one MoE layer: attention projections, shared experts (split by tp), the router
+    (2 x tokens / tp x h x E, each tp rank routing its sequence-parallel share) and the routed experts."""
+    moe, h = model.moe, model.hidden_size
+    dense = 2.0 * tokens * (attention_params(model) + model.mlp_matrices * h * moe.shared_expert_ffn_hidden_size)
+    router = 2.0 * routed_tokens(job, p) * h * moe.num_experts
+    fp8 = cost.fp8_gemms(job, gpu_type)
+    flops = dense / p.tp
+    return (gpu_type.matmul_time(flops, flops / 1e9, fp8=fp8) + gpu_type.matmul_time(router, router / 1e9)
+            + expert_matmul_time(model, job, p, gpu_type))
+
+
+def layer_compute(model, job, p, gpu_type) -> cost.LayerTimes:
+    """(C1)-(C3) for any model; for MoE / latent-attention models the pattern-weighted mean layer (E1)."""
+    if not is_moe(model):
+        return cost.layer_compute(model, job, p, gpu_type)
+    tokens = p.micro_batch_size * job.seq_length / p.cp
+    share = moe_fraction(model)
+    fp8 = cost.fp8_gemms(job, gpu_type)
+    dense_flops = 2.0 * tokens * (attention_params(model) + model.mlp_params) / p.tp
+    dense = gpu_type.matmul_time(dense_flops, dense_flops / 1e9, fp8=fp8) if share < 1 else 0.0
+    moe = _moe_matmul_time(model, job, p, gpu_type, tokens) if share > 0 else 0.0
+    # (E5) attention core: QK^T at the query/key width, AV at the value width; causal halves with flash attention
+    dqk, dv = attention_head_dims(model)
+    attn_flops = 2.0 * tokens * job.seq_length * model.num_attention_heads * (dqk + dv) / p.tp
+    if job.flash_attention:
+        attn_flops /= 2
+    attention = attn_flops / (gpu_type.peak_tflops * 1e12 * gpu_type.attention_efficiency)
+    return cost.LayerTimes(matmul_fwd=(1 - share) * dense + share * moe, attention_fwd=attention,
+                           elementwise_fwd=elementwise_bytes(model, job, p, gpu_type) / (gpu_type.hbm_gb_per_s * 1e9))
+
+
+def elementwise_bytes(model, job, p, gpu_type) -> float:
+    """(E6) (C3) with the MLP activation over the width a token actually passes (shared experts + top-k expert
+    widths in an MoE layer), plus the dispatcher's permute and unpermute of the k copies (read + write each,
+    forward: 4 k passes over [tokens / tp, h])."""
+    if model.moe is None:
+        return cost.elementwise_bytes(model, job, p, gpu_type)
+    moe, share = model.moe, moe_fraction(model)
+    width = moe.shared_expert_ffn_hidden_size + moe.topk * moe.expert_ffn_hidden_size
+    mean_width = (1 - share) * model.ffn_hidden_size + share * width
+    base = cost.elementwise_bytes(dataclasses.replace(model, ffn_hidden_size=round(mean_width)), job, p, gpu_type)
+    permute = share * 4 * moe.topk * routed_tokens(job, p) * model.hidden_size * 2.0
+    return base + permute
+
+
+def dispatch_bytes(model, job, p) -> float:
+    """(E7) Bytes one GPU sends in one dispatch (and again in one combine) with the all-to-all dispatcher:
+    its top-k token copies of h 16-bit values, of which (ep - 1) / ep go to other ranks (uniform routing), x the
+    load-imbalance factor for the busiest receiver."""
+    moe = model.moe
+    copies = moe.topk * routed_tokens(job, p) * job.moe_load_imbalance
+    return copies * 2.0 * model.hidden_size
+
+
+def all_to_all_time(message: float, links: cost.GroupLinks, cluster) -> float:
+    """(E7) One all-to-all in which every GPU sends `message` bytes spread evenly over the n members of its
+    group (its own share stays). On a group over N nodes with k members on the least populated node, that node's
+    GPUs send (k - 1) / n of the message over NVLink and (n - k) / n over their own NIC, both at once: the time is
+    the slower of the two (at NCCL's line-rate share, as the other collectives) plus one step of latency."""
+    n = links.size
+    if n <= 1 or message <= 0:
+        return 0.0
+    intra_eff, inter_eff = cost.collective_efficiency(cluster)
+    if links.nodes == 1:
+        return (n - 1) / n * message / (intra_eff * links.intra_gb_per_s * 1e9) + cluster.intra_latency_s
+    k = links.per_node
+    intra = (k - 1) / n * message / (intra_eff * links.intra_gb_per_s * 1e9) if k > 1 else 0.0
+    inter = (n - k) / n * message / (inter_eff * links.inter_gb_per_s * 1e9)
+    return max(intra, inter) + cluster.inter_latency_s
+
+
+def ep_layer_comm(model, job, p, links: cost.GroupLinks, cluster) -> float:
+    """(E7) Token dispatch and combine of one MoE layer, forward, over one expert-parallel group: two
+    all-to-alls (alltoall dispatcher) or an all-gather of the tokens and a reduce-scatter of the outputs over
+    the group (allgather dispatcher). Backward moves the same again (counted by the caller)."""
+    if p.ep == 1 or model.moe is None:
+        return 0.0
+    if job.moe_token_dispatcher == "alltoall":
+        return 2 * all_to_all_time(dispatch_bytes(model, job, p), links, cluster)
+    gathered = p.ep * routed_tokens(job, p) * 2.0 * model.hidden_size
+    return (cost.collective_time("all_gather", gathered, links, cluster)
+            + cost.collective_time("reduce_scatter", gathered, links, cluster))
+
+
+def etp_layer_comm(model, job, p, links: cost.GroupLinks, cluster) -> float:
+    """(E7) Expert tensor parallelism, one MoE layer, forward: the received token copies are all-gathered over the
+    etp group before the experts and the outputs reduce-scattered after them."""
+    if p.etp == 1 or model.moe is None:
+        return 0.0
+    gathered = expert_tokens(model, job, p) * 2.0 * model.hidden_size
+    return (cost.collective_time("all_gather", gathered, links, cluster)
+            + cost.collective_time("reduce_scatter", gathered, links, cluster))
+
+
+def layer_params_per_gpu(model, p, heaviest: bool = False) -> tuple[float, float]:
+    """(non-expert, expert) parameters per GPU of the mean layer (E1), or with `heaviest` of an MoE layer (the
+    memory model's layer: never fewer parameters than any layer of the model holds): attention, dense MLP or
+    shared experts split by tp, the router and norms replicated, routed experts split by ep x etp."""
+    h = model.hidden_size
+    attention = attention_params(model) / p.tp + model.layer_norm_params
+    if model.moe is None:
+        return attention + model.mlp_params / p.tp, 0.0
+    moe, share = model.moe, 1.0 if heaviest else moe_fraction(model)
+    moe_layer = model.mlp_matrices * h * moe.shared_expert_ffn_hidden_size / p.tp + h * moe.num_experts
+    dense = model.mlp_params / p.tp
+    experts = moe.num_experts * model.mlp_matrices * h * moe.expert_ffn_hidden_size / (p.ep * p.etp)
+    return attention + (1 - share) * dense + share * moe_layer, share * experts
+
+
+def model_flops(model, sequences: float, seq: int) -> float:
+    """(E8) One iteration's model FLOPs as Megatron-LM counts them (forward + backward = 3 x forward, full
+    attention, no recompute), with the active weights of each layer: attention, dense MLP or shared + top-k
+    experts + router; attention core 2 s (d_qk + d_v) per head and token; the output layer."""
+    if not is_moe(model):
+        return model.megatron_model_flops(sequences, seq)
+    h, a = model.hidden_size, model.num_attention_heads
+    dqk, dv = attention_head_dims(model)
+    per_token = 2.0 * model.num_layers * attention_params(model) + model.num_layers * 2.0 * seq * a * (dqk + dv)
+    moe = model.moe
+    if moe is None:
+        per_token += 2.0 * model.num_layers * model.mlp_params
+    else:
+        active = model.mlp_matrices * h * (moe.shared_expert_ffn_hidden_size + moe.topk * moe.expert_ffn_hidden_size)
+        per_token += 2.0 * (moe.num_moe_layers * (active + h * moe.num_experts)
+                            + (model.num_layers - moe.num_moe_layers) * model.mlp_params)
+    per_token += 2.0 * h * model.vocab_size
+    return 3.0 * sequences * seq * per_token
