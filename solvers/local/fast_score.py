@@ -40,28 +40,9 @@ from formulation.evaluate import (
 from formulation.physics.stage import dp_sync_parts
 from formulation.space import placement_for
 
+from solvers.local.gpu_classes import safe_classes
+
 MEMO_LIMIT = 20_000_000  # group members held in cache keys (about 160 MB) before the caches are dropped
-
-
-def safe_classes(cluster) -> list[int]:
-    """Class id of every GPU: `uniform_classes`, with a class split into singletons unless every GPU outside
-    it also sees its members identically (columns of the intra-node matrix), so directed sends are invariant."""
-    class_of = [0] * cluster.num_gpus
-    next_id = 0
-    for members in cluster.uniform_classes():
-        node = int(cluster.gpu_node[members[0]])
-        M = cluster.intra_gb_per_s[node]
-        local = [int(cluster.gpu_local[g]) for g in members]
-        outside = [z for z in range(M.shape[0]) if z not in local]
-        if len(members) > 1 and all(len({float(M[z, x]) for x in local}) == 1 for z in outside):
-            for g in members:
-                class_of[g] = next_id
-            next_id += 1
-        else:
-            for g in members:
-                class_of[g] = next_id
-                next_id += 1
-    return class_of
 
 
 def _new_max(values: list, current: float, changes: dict) -> float:
