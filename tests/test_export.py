@@ -169,6 +169,18 @@ def test_megatron_arguments_of_the_h100_plan(h100, plan):
     assert args["--num-query-groups"] == 8 and "--swiglu" in args
 
 
+@pytest.mark.parametrize("param_gather", [True, False])
+def test_fp8_plan_runs_bf16_with_fp8_gemms(h100, plan, param_gather):
+    """FP8 training is a bf16 run with Transformer Engine's FP8 GEMMs (Megatron-LM --bf16 --fp8-format ...;
+    it used to come out as --fp16); --fp8-param-gather exactly when the memory model keeps FP8 weights."""
+    job = dataclasses.replace(h100.training, precision="fp8", fp8_param_gather=param_gather)
+    args = _args(dataclasses.replace(h100, training=job), plan.placement)
+    assert "--bf16" in args and "--fp16" not in args
+    assert args["--fp8-format"] == "hybrid" and args["--fp8-amax-history-len"] == 1024
+    assert ("--fp8-param-gather" in args) == param_gather
+    assert "--fp8-format" not in _args(h100, plan.placement)
+
+
 @pytest.mark.parametrize("layers, vpp, expected", [
     ((19, 21, 21, 19), 1, {"--decoder-first-pipeline-num-layers": 19, "--decoder-last-pipeline-num-layers": 19}),
     ((20, 20, 20, 20), 1, {}),

@@ -52,17 +52,39 @@ def test_fp8_rows_are_scored(runs):
 
 def test_fp8_weight_copies_in_memory():
     """Transformer Engine keeps an FP8 weight and its transpose per GEMM weight: 2 bytes per local matmul
-    parameter on top of the bf16 run (derived: a tiny-llama layer has 1024 (1024 + 2 x 256) + 1024^2 +
-    3 x 1024 x 2816 matmul parameters)."""
+    parameter on top of the bf16 run when the weights stay bf16 (`fp8_param_gather: false`; derived: a
+    tiny-llama layer has 1024 (1024 + 2 x 256) + 1024^2 + 3 x 1024 x 2816 matmul parameters)."""
     data = small_instance_dict()
     bf16 = build_instance(data)
     data["training"]["precision"] = "fp8"
+    data["training"]["fp8_param_gather"] = False
     fp8 = build_instance(data)
     p = Placement(tp=2, pp=2, cp=1, dp=2, vpp=1, micro_batch_size=1, recompute="none", zero_stage=1,
                   layers_per_stage=(4, 4), gpus=tuple(range(8)))
     extra = evaluate(fp8, p).stages[0].memory.buffers_gib - evaluate(bf16, p).stages[0].memory.buffers_gib
     layer = 1024 * (1024 + 2 * 256) + 1024 * 1024 + 3 * 1024 * 2816
     assert extra * GIB == pytest.approx(4 * layer / 2 * 2.0, rel=1e-9)
+
+
+def test_fp8_params_and_saved_inputs_in_memory():
+    """With FP8 parameters (NeMo's FP8 recipe, --fp8-param-gather) the FP8 weight and its transpose stand in for
+    the bf16 weight: no buffer beyond the bf16 run. Activations: Transformer Engine saves the QKV and fc1
+    inputs (2 x 2 s b h, / tp with sequence parallelism) and the fc2 input (2 s b f / tp) in FP8, one byte each
+    instead of two, and adds an FP8 copy of the attention output for the projection (s b q / tp). Derived for
+    the tiny llama at s = 1024, b = 1, h = q = 1024, f = 2816, tp = 2, 4 layers on stage 0, no recompute:
+    (2 h + f - q) s b / 2 per layer per micro-batch, times the micro-batches in flight."""
+    data = small_instance_dict()
+    bf16 = build_instance(data)
+    data["training"]["precision"] = "fp8"
+    fp8 = build_instance(data)
+    p = Placement(tp=2, pp=2, cp=1, dp=2, vpp=1, micro_batch_size=1, recompute="none", zero_stage=1,
+                  layers_per_stage=(4, 4), gpus=tuple(range(8)))
+    m8, m16 = evaluate(fp8, p).stages[0].memory, evaluate(bf16, p).stages[0].memory
+    assert m8.buffers_gib == pytest.approx(m16.buffers_gib, rel=1e-12)
+    s, h, f = bf16.training.seq_length, 1024, 2816
+    in_flight = 2  # stage 0 of 2 holds pp = 2 micro-batches (1F1B)
+    saved = (2 * h + f - h) * s / 2 * 4 * in_flight
+    assert (m16.activations_gib - m8.activations_gib) * GIB == pytest.approx(saved, rel=1e-9)
 
 
 def test_op_level_selective_matches_torchtitan(titan_runs):

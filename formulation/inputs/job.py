@@ -32,6 +32,12 @@ class TrainingJob:
     software_stack: str = DEFAULT_STACK  # selects behaviours and calibrated efficiencies (docs/physics.md)
     software_stack_defaulted: bool = False  # the instance did not name its stack (reports warn)
     torch_compile: bool = True  # torchtitan: torch.compile fuses the elementwise ops (eager runs them unfused)
+    # the loss: a fused cross entropy (Megatron-LM's vocab-parallel one, flash-attn's in llm-foundry) keeps the
+    # logits and one fp32 copy; torchtitan's PyTorch cross entropy on fp32 logits saves more (docs/physics.md)
+    fused_cross_entropy: bool = True
+    # FP8 with Transformer Engine: weights kept in FP8 (Megatron-LM --fp8-param-gather; NeMo's FP8 recipe
+    # bf16_with_fp8_mixed sets fp8_params=True) instead of bf16 beside an FP8 copy
+    fp8_param_gather: bool = True
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES  # allowed choices
     zero_stage: tuple[int, ...] = (0, 1)  # allowed choices (3 = ZeRO-3/FSDP, opt in)
     max_micro_batch_size: int = 8
@@ -57,6 +63,11 @@ class TrainingJob:
         """How many ways the norm/residual activations and the pipeline messages are split: tp with sequence
         parallelism (which needs tp > 1), else 1."""
         return tp if self.sequence_parallel and tp > 1 else 1
+
+    @property
+    def fp8_weights(self) -> bool:
+        """GEMM weights kept in FP8 (Megatron-LM --fp8-param-gather): an FP8 Megatron job that did not opt out."""
+        return self.precision == "fp8" and self.fp8_param_gather and self.software_stack == "megatron"
 
     @property
     def bytes_per_param_state(self) -> tuple[float, float, float]:
@@ -105,6 +116,8 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
         software_stack=STACK_ALIASES.get(stack, stack), software_stack_defaulted=not sec.has("software_stack"),
         torch_compile=sec.boolean("torch_compile", default=True),
+        fp8_param_gather=sec.boolean("fp8_param_gather", default=True),
+        fused_cross_entropy=sec.boolean("fused_cross_entropy", default=STACK_ALIASES.get(stack, stack) != "torchtitan"),
         recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, RECOMPUTE_CHOICES, str),
         zero_stage=_choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int),
         max_micro_batch_size=sec.integer("max_micro_batch_size", default=8),

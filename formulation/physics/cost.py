@@ -31,6 +31,8 @@ PHYSICS_TERMS = {
     # with it on (docs/physics.md); the exact programs take their collective constants from collective_time
     "collective_efficiency": True,
     "fp8_weight_copies": True,  # FP8 weight copies and transposes in memory
+    "fp8_params": True,  # ... or FP8 weights in place of the bf16 ones (--fp8-param-gather, NeMo's FP8 recipe)
+    "fp8_saved_inputs": True,  # Transformer Engine saves GEMM inputs for the backward in FP8
     "imperfect_tp_overlap": True,  # overlapped (async) tp communication still costs part of its time
     "imperfect_dp_overlap": True,  # so does the dp gradient reduce-scatter / parameter all-gather hidden by compute
     "unfused_loss_buffers": True,  # torchtitan's fp32 cross entropy keeps log-softmax and its gradient

@@ -83,6 +83,8 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
         attention = 4.0 * model.num_attention_heads * seq * p.micro_batch_size / p.tp
     else:
         attention = scores * p.cp / p.tp  # a local query block against the whole key sequence
+    if job.precision == "fp8" and job.software_stack != "torchtitan" and cost.term("fp8_saved_inputs"):
+        split, replicated = fp8_saved_inputs(model, seq * p.micro_batch_size, split, replicated)
     full_layer = split / p.tp + replicated / sp + attention
     if p.recompute == "none":
         return full_layer, 0.0
@@ -93,6 +95,15 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
         kept = split / p.tp + replicated / sp + (attention if job.flash_attention else 0.0)
         return kept, (0.0 if job.flash_attention else attention)
     return 2.0 * seq * p.micro_batch_size * model.hidden_size / sp, full_layer
+
+
+def fp8_saved_inputs(model, tokens: float, split: float, replicated: float) -> tuple[float, float]:
+    """(M4) with FP8 (Transformer Engine): a Linear saves its input for the weight gradient in FP8, 1 byte
+    instead of 2. The two norm outputs (QKV and fc1 inputs, 2 s b h in `replicated`) and the fc2 input (2 s b f
+    in `split`) are the GEMMs' own copies; the projection's input is also the attention output that the
+    attention kernel keeps in bf16, so its FP8 copy is one byte more (q wide). Returns (split, replicated)."""
+    q = model.num_attention_heads * model.head_dim
+    return split - tokens * model.ffn_hidden_size + tokens * q, replicated - 2.0 * tokens * model.hidden_size
 
 
 def op_level_selective_bytes(model, seq: float, micro_batch: int, tp: int, sp: int) -> float:
@@ -110,20 +121,25 @@ def op_level_selective_bytes(model, seq: float, micro_batch: int, tp: int, sp: i
 def fp8_weight_copy_bytes(job, p, layer_params: float) -> tuple[float, float]:
     """(M6) Transformer Engine keeps an FP8 copy of every layer's GEMM weights and its transpose for the
     backward (1 + 1 byte per parameter), for the whole iteration (reused across micro-batches); with ZeRO-3
-    (torchao's FP8 all-gather) only the two layers in flight are unsharded. Returns (fixed, per layer)."""
+    (torchao's FP8 all-gather) only the two layers in flight are unsharded. With FP8 parameters (Megatron-LM
+    --fp8-param-gather, `training.fp8_param_gather`) the weight itself is FP8 and nothing is added: its 1 byte
+    and the cached transpose's 1 byte stand where the bf16 weight's 2 are counted. Returns (fixed, per layer)."""
     if job.precision != "fp8" or not cost.term("fp8_weight_copies"):
         return 0.0, 0.0
+    if job.fp8_weights and cost.term("fp8_params"):
+        return 0.0, 0.0  # the FP8 weight and its transpose (1 + 1) replace the bf16 weight (2)
     if p.zero_stage >= 3:
         return 2 * layer_params * 2.0, 0.0
     return 0.0, layer_params * 2.0
 
 
 def loss_bytes_per_logit(job) -> float:
-    """Bytes per logit alive at the loss: Megatron-LM's fused vocab-parallel cross entropy keeps the bf16 logits
-    and one fp32 copy it works in place on (2 + 4). torchtitan calls PyTorch's cross entropy on
-    `logits.float()`: bf16 logits, the fp32 copy, the fp32 log-softmax saved for backward and its fp32
-    gradient (2 + 4 + 4 + 4)."""
-    if job.software_stack == "torchtitan" and cost.term("unfused_loss_buffers"):
+    """Bytes per logit alive at the loss: a fused cross entropy (Megatron-LM's vocab-parallel one; flash-attn's,
+    llm-foundry's default for MPT) keeps the bf16 logits and one fp32 copy it works in place on (2 + 4).
+    torchtitan calls PyTorch's cross entropy on `logits.float()`: bf16 logits, the fp32 copy, the fp32
+    log-softmax saved for backward and its fp32 gradient (2 + 4 + 4 + 4). `training.fused_cross_entropy`
+    (default: false for torchtitan only) says which."""
+    if not job.fused_cross_entropy and cost.term("unfused_loss_buffers"):
         return 14.0
     return 6.0
 

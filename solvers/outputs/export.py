@@ -132,7 +132,7 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
         args.append(("--untie-embeddings-and-output-weights", None))
     if not model.dropout:  # the memory model stores no dropout masks for this model
         args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
-    args.append(("--bf16" if job.precision == "bf16" else "--fp16", None))
+    args += precision_arguments(job)
     args.append(("--attention-backend", "flash" if job.flash_attention else "unfused"))
     if p.tp > 1 and job.sequence_parallel:
         args.append(("--sequence-parallel", None))
@@ -165,6 +165,17 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
     return args + moe_arguments(model, job, p), notes, env
+
+
+def precision_arguments(job) -> list[tuple[str, object]]:
+    """bf16 or fp16; FP8 is a bf16 run with Transformer Engine's FP8 GEMMs, with NeMo's FP8 recipe
+    (bf16_with_fp8_mixed), and FP8 weights where the memory model keeps them (formulation/physics/memory.py (M6))."""
+    args: list[tuple[str, object]] = [("--fp16" if job.precision == "fp16" else "--bf16", None)]
+    if job.precision == "fp8":
+        args += [("--fp8-format", "hybrid"), ("--fp8-amax-history-len", 1024), ("--fp8-amax-compute-algo", "max")]
+        if job.fp8_weights:
+            args.append(("--fp8-param-gather", None))
+    return args
 
 
 def moe_arguments(model, job, p: Placement) -> list[tuple[str, object]]:

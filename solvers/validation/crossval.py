@@ -177,7 +177,8 @@ def summarize(predictions: list[Prediction]) -> dict:
             "pooled": stats(predictions), "fp8": stats(fp8), "sweep_groups": sweeps,
             "memory": {"rows": memory, "median_abs_error": _median([abs(m["error"]) for m in memory]),
                        "median_error": _median([m["error"] for m in memory])},
-            "measured_oom": oom}
+            "measured_oom": oom,
+            "ran_predicted_oom": sorted(p.run.row for p in predictions if p.peak_memory_gib > p.capacity_gib)}
 
 
 def log_residuals(predictions: list[Prediction]) -> list[float]:
@@ -201,6 +202,7 @@ def ablation(runs: list[Run], terms: dict, progress=None) -> list[dict]:
                     "pooled_median_abs_error": summary["pooled"].get("median_abs_error"),
                     "fp8_median_abs_error": summary["fp8"].get("median_abs_error"),
                     "memory_median_abs_error": summary["memory"]["median_abs_error"],
+                    "ran_predicted_oom": len(summary["ran_predicted_oom"]),
                     "sources_beyond_10_percent": biased})
         if progress:
             progress(len(out), len(terms) + 1, name or "(defaults)")

@@ -51,6 +51,10 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
         console.print(f"peak memory where measured: {len(memory['rows'])} runs, median |error| "
                       f"{_pct(memory['median_abs_error'])}, median signed {_pct(memory['median_error'], True)} "
                       f"(GiB; measured figures converted from GB)")
+    if summary.get("ran_predicted_oom") is not None:
+        called = summary["ran_predicted_oom"]
+        console.print(f"runs that ran but are predicted out of memory at full capacity: {len(called)} of "
+                      f"{summary['pooled'].get('runs', 0)}" + (f" (rows {', '.join(map(str, called))})" if called else ""))
     for oom in summary["measured_oom"]:
         verdict = "predicted to FIT (a miss)" if oom["predicted_to_fit"] else "predicted out of memory (right)"
         console.print(f"row {oom['row']} ({oom['family']}) measured out of memory: {oom['predicted_gib']:.1f} GiB "
@@ -70,9 +74,11 @@ def print_few_shot(rows: list[dict], console: Console) -> None:
 
 def print_ablation(rows: list[dict], console: Console) -> None:
     table = _table_of("ablation: leave-one-source-out with one physics term flipped",
-                   ["term", "flipped to", "pooled |error|", "FP8 |error|", "memory |error|", "sources > 10 %"])
+                   ["term", "flipped to", "pooled |error|", "FP8 |error|", "memory |error|", "ran, called OOM",
+                    "sources > 10 %"])
     for r in rows:
         table.add_row(r["term"], "-" if r["flipped_to"] is None else ("on" if r["flipped_to"] else "off"),
                       _pct(r["pooled_median_abs_error"]), _pct(r["fp8_median_abs_error"]),
-                      _pct(r["memory_median_abs_error"]), ", ".join(r["sources_beyond_10_percent"]) or "none")
+                      _pct(r["memory_median_abs_error"]), str(r["ran_predicted_oom"]),
+                      ", ".join(r["sources_beyond_10_percent"]) or "none")
     console.print(table)

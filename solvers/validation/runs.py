@@ -8,7 +8,9 @@ Defaults for blank cells (documented in docs/validation.md):
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
   README and Korthikanti's baselines without sequence parallelism.
 - TP communication overlap: on where the notes say `--tp-comm-overlap`.
-- Software stack: `fsdp` where the notes say PyTorch FSDP (llm-foundry), else `megatron`.
+- Software stack: `fsdp` where the notes say PyTorch FSDP (llm-foundry), else `megatron`. The loss is a fused
+  cross entropy except on torchtitan's own rows: llm-foundry's MPT class defaults to flash-attn's
+  (`loss_fn: fused_crossentropy`), Megatron-LM's is its fused vocab-parallel one.
 - Per-row assumptions on the packaged reference files (ROW_ASSUMPTIONS, row_assumptions.csv): applied on load,
   recorded on the run (`Run.assumptions`), never applied to another file.
 Measured iteration time: `iter_s`; else global batch x seq / (tokens/s per GPU x GPUs); else from TFLOP/s
@@ -148,7 +150,10 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      "sequence_parallel": not old or "sequence-parallel" in (r["recompute"] or ""),
                      "tp_comm_overlap": "tp-comm-overlap" in r["notes"], "memory_limit_fraction": 1.0,
                      "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
-                     "torch_compile": "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"]},
+                     "torch_compile": "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"],
+                     # llm-foundry's MPT class defaults to flash-attn's fused cross entropy (loss_fn:
+                     # fused_crossentropy, llmfoundry/models/mpt/modeling_mpt.py); Megatron's is fused too
+                     "fused_cross_entropy": "FSDP" not in r["notes"] or "llm-foundry" in r["source"]},
         "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
                     "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n", "gpu_type": gpu_type,
                                "gpus": min(per_node, n_gpus)}],
