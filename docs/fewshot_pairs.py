@@ -21,7 +21,7 @@ from scipy.interpolate import RegularGridInterpolator
 from formulation.evaluate import evaluate
 from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration
 from solvers.validation import crossval
-from solvers.validation.fewshot import KNOB_SPREAD, RUN_SPREAD
+from solvers.validation.fewshot import HUBER_RUNS, KNOB_SPREAD, RUN_SPREAD
 
 LOG_C, LOG_N = np.linspace(-0.4, 0.4, 17), np.linspace(-1.5, 1.5, 13)
 FINE_C, FINE_N, FINE_O = np.linspace(-0.4, 0.4, 81), np.linspace(-1.5, 1.5, 61), np.linspace(0, 0.3, 31)
@@ -35,9 +35,15 @@ def tabulate(prediction) -> np.ndarray:
     return np.exp(fine(np.stack([c, n], -1)))
 
 
+def _huber(r: np.ndarray) -> np.ndarray:
+    """Huber's loss at the scale solvers/validation/fewshot.py fits with (HUBER_RUNS x RUN_SPREAD)."""
+    d, a = HUBER_RUNS * RUN_SPREAD, np.abs(r)
+    return np.where(a <= d, r * r, 2 * d * a - d * d)
+
+
 def fit(chosen, all_knobs: bool):
     mean_t = statistics.fmean(m for _, m in chosen)
-    objective = sum(np.log((t[:, :, None] + FINE_O[None, None, :] * mean_t) / m) ** 2 for t, m in chosen)
+    objective = sum(_huber(np.log((t[:, :, None] + FINE_O[None, None, :] * mean_t) / m)) for t, m in chosen)
     pull = [RUN_SPREAD / s for s in KNOB_SPREAD] if all_knobs else [RUN_SPREAD / KNOB_SPREAD[0], 1e3, 1e3]
     objective = objective + (pull[0] * FINE_C[:, None, None]) ** 2 + (pull[1] * FINE_N[None, :, None]) ** 2 \
         + (pull[2] * FINE_O[None, None, :]) ** 2

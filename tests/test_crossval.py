@@ -68,6 +68,24 @@ def test_few_shot_recovers_a_slower_cluster(a100_runs):
         assert predicted == pytest.approx(measured, rel=0.03)
 
 
+def test_two_contradicting_runs_move_the_knob_less_than_their_midpoint(a100_runs):
+    """Huber's loss on each run's log error: one run as the model predicts and one 40% slower pull the compute
+    scale less far than least squares would (their midpoint, shrunk by the prior), and a pair that agrees is
+    fitted exactly as before (both within the Huber scale)."""
+    runs = sorted(a100_runs, key=lambda r: r.measured_iter_s)[:2]
+    base = [(r.instance, r.placement, evaluate(r.instance, r.placement, check=False).iteration_time_s) for r in runs]
+    contradicting = [base[0], (*base[1][:2], base[1][2] * 1.4)]
+    robust = fewshot.fit_user_calibration(contradicting).compute_scale
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fewshot, "HUBER_RUNS", 1e9)
+        mp.setattr(fewshot, "huber_residual", lambda r, scale=0.0: r)
+        squares = fewshot.fit_user_calibration(contradicting).compute_scale
+    assert squares < robust < 1.0
+    assert 1 - robust < 0.75 * (1 - squares)
+    agreeing = [(inst, p, t * 1.05) for inst, p, t in base]
+    assert fewshot.fit_user_calibration(agreeing).compute_scale < 0.97
+
+
 def test_calibrate_writes_knobs_that_solve_applies(tmp_path):
     runs_csv = tmp_path / "mine.csv"
     lines = (REPO / "formulation" / "data" / "reference" / "published_runs.csv").read_text().splitlines()

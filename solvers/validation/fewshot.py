@@ -1,9 +1,9 @@
 """Few-shot calibration on a user's own runs: at most three knobs (compute scale, network scale, fixed
 per-iteration overhead) fitted on two or more measured runs of their cluster and stack.
 
-The fit minimises the squared log error of iteration time plus a pull of each knob toward "no change" whose
-strength is how far clusters were seen to differ (an empirical prior, below), so that a knob moves as far as
-the runs speak for it. Measured on every pair and on subsets of 3, 4 and 6 runs of every visible cluster
+The fit minimises the Huber loss of the log error of iteration time (robust to a run the model gets far wrong)
+plus a pull of each knob toward "no change" whose strength is how far clusters were seen to differ (an
+empirical prior, below), so that a knob moves as far as the runs speak for it. Measured on every pair and on subsets of 3, 4 and 6 runs of every visible cluster
 (docs/fewshot_pairs.py): from three runs on, three knobs beat the compute scale alone (4.6% against 5.5% with
 three, 3.4% against 4.4% with six). With two runs the two are within noise (4.1% against 4.4%, six of fourteen
 clusters above 5% either way), and two runs cannot tell a slower network from slower compute: a cluster 20%
@@ -32,11 +32,22 @@ KNOB_SPREAD = (0.17, 1.22, 0.054)
 # rms of a run's log error once its cluster's knobs are fitted (the same groups): the scale of one run's say
 RUN_SPREAD = 0.057
 MIN_RUNS_FOR_ALL_KNOBS = 3
+# A run's residual counts in full up to this many RUN_SPREADs and linearly beyond (Huber's loss, at the usual
+# 95%-efficiency constant): cross-source residuals are heavy-tailed (a few runs 20-50% off in sources whose
+# median is within 5%), so a run far from its companions moves the fit by a bounded amount, and two runs that
+# contradict each other leave the knobs nearer to "no change" than to their midpoint.
+HUBER_RUNS = 1.345
 
 
 def _knobs(z: np.ndarray, mean_time_s: float) -> UserCalibration:
     return UserCalibration(compute_scale=math.exp(z[0]), network_scale=math.exp(z[1]),
                            iteration_overhead_s=max(0.0, z[2]) * mean_time_s)
+
+
+def huber_residual(r: float, scale: float = HUBER_RUNS * RUN_SPREAD) -> float:
+    """A residual whose square is Huber's loss of r (r itself within `scale`, then growing as sqrt(|r|)):
+    least squares on these minimises the Huber loss; continuous with its first derivative at `scale`."""
+    return r if abs(r) <= scale else math.copysign(math.sqrt(2 * scale * abs(r) - scale * scale), r)
 
 
 def fit_user_calibration(cases: list[tuple], names: tuple = ()) -> UserCalibration:
@@ -49,8 +60,8 @@ def fit_user_calibration(cases: list[tuple], names: tuple = ()) -> UserCalibrati
     def residuals(x: np.ndarray) -> np.ndarray:
         z = np.concatenate([x, np.zeros(3 - free)])
         cal = _knobs(z, mean_time)
-        errs = [math.log(evaluate(apply_user_calibration(inst, cal), p, check=False).iteration_time_s / t)
-                for inst, p, t in cases]
+        errs = [huber_residual(math.log(evaluate(apply_user_calibration(inst, cal), p, check=False).iteration_time_s
+                                        / t)) for inst, p, t in cases]
         return np.concatenate([errs, pull * x])
 
     # start strictly inside the bounds: the trust region collapses on a variable that starts on its bound
