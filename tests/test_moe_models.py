@@ -18,11 +18,12 @@ def preset(name: str, **changes):
 
 
 # Published totals and active parameters (model cards; Mixtral: Jiang et al. 2024, "46.7B, 12.9B active";
-# Mixtral-8x22B: "141B, 39B active"; Qwen3-30B-A3B: "30.5B, 3.3B activated"; DeepSeek-V3: "671B, 37B activated",
+# Mixtral-8x22B: "141B, 39B active"; Qwen3-30B-A3B: "30.5B, 3.3B activated"; Qwen3-235B-A22B: "235B, 22B
+# activated"; DeepSeek-V3: "671B, 37B activated",
 # without its multi-token prediction module).
 @pytest.mark.parametrize("name,total_b,active_b", [
     ("mixtral-8x7b", 46.7, 12.9), ("mixtral-8x22b", 141, 39), ("qwen3-30b-a3b", 30.5, 3.3),
-    ("deepseek-v3", 671, 37)])
+    ("qwen3-235b-a22b", 235, 22), ("deepseek-v3", 671, 37)])
 def test_parameter_counts_match_the_published_figures(name, total_b, active_b):
     counts = parameter_counts(preset(name))
     # the figures are rounded to their last digit

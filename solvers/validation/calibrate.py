@@ -70,7 +70,7 @@ def log_errors(runs: list[Run], params: dict) -> np.ndarray:
 
 
 def usable(runs: list[Run]) -> list[Run]:
-    return [r for r in runs if r.skipped_reason is None and r.row not in EXCLUDED and chip_of(r.gpu_type)]
+    return [r for r in runs if r.skipped_reason is None and r.row not in EXCLUDED and chip_of(r.gpu_type) and r.fitted]
 
 
 def calibration_key(run: Run) -> str:

@@ -33,7 +33,8 @@ FAMILIES = (("SC21", "Megatron-LM SC21 paper"), ("Korthikanti", "Korthikanti et 
             ("performance_summary", "NeMo performance summary"),
             ("performance_long_sequence", "NeMo long-sequence performance"),
             ("dgxc-benchmarking", "NVIDIA DGX Cloud benchmarking"), ("llm-foundry", "MosaicML llm-foundry"),
-            ("torchtitan", "torchtitan benchmarks"))
+            ("torchtitan", "torchtitan benchmarks"), ("Megatron-MoE-ModelZoo", "Megatron MoE Model Zoo"),
+            ("megatron/core/transformer/moe/README", "Megatron-LM MoE README"))
 TORCHTITAN_ROW_OFFSET = 1000  # the torchtitan file's rows are numbered after the main file's
 
 
@@ -109,7 +110,7 @@ def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adju
     out = []
     for k, family in enumerate(families):
         held = [r for r in runs + ooms if source_family(r.source) == family]
-        train = [r for r in runs if source_family(r.source) != family]
+        train = [r for r in runs if source_family(r.source) != family and r.fitted]
         for run in held:
             params = None
             if chip_of(run.gpu_type) and not in_sample:
@@ -174,11 +175,28 @@ def summarize(predictions: list[Prediction]) -> dict:
               for p in predictions if p.run.measured_peak_memory_gb]
     fp8 = [p for p in predictions if p.run.instance.training.precision == "fp8"]
     return {"sources": {f: stats([p for p in predictions if p.family == f]) for f in families},
-            "pooled": stats(predictions), "fp8": stats(fp8), "sweep_groups": sweeps,
+            "pooled": stats(predictions), "fp8": stats(fp8),
+            "unflagged": stats([p for p in predictions if not p.run.flags]), "sweep_groups": sweeps,
             "memory": {"rows": memory, "median_abs_error": _median([abs(m["error"]) for m in memory]),
                        "median_error": _median([m["error"] for m in memory])},
             "measured_oom": oom,
             "ran_predicted_oom": sorted(p.run.row for p in predictions if p.peak_memory_gib > p.capacity_gib)}
+
+
+def prediction_rows(predictions: list[Prediction]) -> list[dict]:
+    """Per scored run: configuration, measured and predicted time, error, memory, unmodelled features."""
+    out = []
+    for p in predictions:
+        if not p.timed:
+            continue
+        pl = p.run.placement
+        out.append({"row": p.run.row, "family": p.family, "model": p.run.name, "gpu_type": p.run.gpu_type,
+                    "config": f"{pl.sizes()} vpp={pl.vpp} mbs={pl.micro_batch_size} {pl.recompute}",
+                    "precision": p.run.instance.training.precision, "measured_s": p.run.measured_iter_s,
+                    "measured_how": p.run.measured_how, "predicted_s": p.iteration_time_s, "error": p.error,
+                    "peak_memory_gib": p.peak_memory_gib, "capacity_gib": p.capacity_gib,
+                    "flags": list(p.run.flags)})
+    return out
 
 
 def log_residuals(predictions: list[Prediction]) -> list[float]:

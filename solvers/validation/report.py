@@ -33,6 +33,10 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
                       _pct(pooled["median_abs_error"]), str(pooled["worst_row"]), _pct(pooled["worst_error"], True),
                       style="bold")
     console.print(table)
+    clean = summary.get("unflagged", {"runs": 0})
+    if clean["runs"] < pooled["runs"] and clean["runs"]:
+        console.print(f"runs using no feature the model lacks: {clean['runs']}, median |error| "
+                      f"{_pct(clean['median_abs_error'])}, median signed {_pct(clean['median_error'], True)}")
     if summary["fp8"]["runs"]:
         fp8 = summary["fp8"]
         console.print(f"FP8 runs: {fp8['runs']}, median |error| {_pct(fp8['median_abs_error'])}, median signed "
@@ -59,6 +63,19 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
         verdict = "predicted to FIT (a miss)" if oom["predicted_to_fit"] else "predicted out of memory (right)"
         console.print(f"row {oom['row']} ({oom['family']}) measured out of memory: {oom['predicted_gib']:.1f} GiB "
                       f"predicted against {oom['capacity_gib']:.1f} GiB, {verdict}")
+
+
+def print_predicted_rows(predictions: list, console: Console) -> None:
+    """Per row: predicted vs measured time and memory, with the features the model does not have."""
+    from solvers.validation.crossval import prediction_rows
+
+    table = _table_of("per row: predicted vs measured", ["row", "model", "GPU", "configuration", "measured s",
+                                                         "predicted s", "error", "memory GiB", "not modelled"])
+    for r in prediction_rows(predictions):
+        table.add_row(str(r["row"]), r["model"], r["gpu_type"], f"{r['config']} {r['precision']}",
+                      f"{r['measured_s']:.2f}", f"{r['predicted_s']:.2f}", _pct(r["error"], True),
+                      f"{r['peak_memory_gib']:.0f} / {r['capacity_gib']:.0f}", "; ".join(r["flags"]) or "-")
+    console.print(table)
 
 
 def print_few_shot(rows: list[dict], console: Console) -> None:

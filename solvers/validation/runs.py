@@ -28,6 +28,7 @@ from pathlib import Path
 from formulation.data import REFERENCE_DIR
 from formulation.inputs.instance import Instance, instance_from_dict
 from formulation.placement import Placement, even_split
+from solvers.validation.moe_runs import MOE_ROW_OFFSET, is_moe_runs_file, moe_run_from_row
 
 DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
 DEFAULT_MEMORY = REFERENCE_DIR / "published_memory.csv"
@@ -50,6 +51,8 @@ class Run:
     measured_oom: bool
     skipped_reason: str | None = None
     assumptions: tuple[str, ...] = ()  # "field: published -> assumed (reason)" from ROW_ASSUMPTIONS
+    fitted: bool = True  # False: predicted only, never part of a fit (the MoE reference rows, issue 15)
+    flags: tuple[str, ...] = ()  # features the source used that the model does not have (scored regardless)
 
     @property
     def group(self) -> tuple:
@@ -190,7 +193,21 @@ def row_assumptions(path: str | Path) -> dict[int, list[dict]]:
         return out
 
 
+def resolve_runs_path(path: str | Path) -> Path:
+    """`path`, or a bare name of a packaged reference file (e.g. `published_runs_moe.csv`) that is not a local file."""
+    path = Path(path)
+    if not path.exists() and path.parent == Path(".") and (REFERENCE_DIR / path.name).is_file():
+        return REFERENCE_DIR / path.name
+    return path
+
+
 def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
+    """A runs CSV: the dense format, or the MoE format (a `model_preset` column, solvers/validation/moe_runs.py).
+    A bare file name that does not exist is looked up among the packaged reference files."""
+    path = resolve_runs_path(path)
+    if is_moe_runs_file(path):
+        with open(path, newline="", encoding="utf-8") as handle:
+            return [moe_run_from_row(MOE_ROW_OFFSET + i, row) for i, row in enumerate(csv.DictReader(handle))]
     assumed = row_assumptions(path)
     runs = []
     with open(path, newline="", encoding="utf-8") as handle:

@@ -32,8 +32,9 @@ from solvers.outputs.files import write_json_atomic
 from solvers.validation import crossval, fewshot
 from solvers.validation.calibrate import EXCLUDED, chip_of
 from solvers.validation.crossval import spearman
-from solvers.validation.report import print_ablation, print_few_shot, print_summary
-from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs
+from solvers.validation.crossval import prediction_rows
+from solvers.validation.report import print_ablation, print_few_shot, print_predicted_rows, print_summary
+from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
 
@@ -236,6 +237,7 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--write", action="store_true", help="refit the per-chip efficiencies on the "
                             "reference runs and rewrite formulation/data/calibration.json")
     args = parser.parse_args(argv)
+    args.runs = None if args.runs is None else resolve_runs_path(args.runs)
     if args.runs is not None and not args.runs.is_file():
         print(f"error: {args.runs}: <root>: file not found", file=sys.stderr)
         return 2
@@ -272,7 +274,7 @@ def _validate(args) -> int:
     rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
     if args.json:
-        print(json.dumps({"mode": mode, "summary": summary, "few_shot": few, "ablation": ablated, "rows": rows,
+        print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions), "few_shot": few, "ablation": ablated, "rows": rows,
                           "memory": memory},
                          indent=2, default=str))
         return 0
@@ -281,6 +283,8 @@ def _validate(args) -> int:
         if args.plot:
             _plot(rows, args.plot)
     print_summary(summary, mode, console)
+    if any(not p.run.fitted for p in predictions):
+        print_predicted_rows(predictions, console)
     if few:
         print_few_shot(few, console)
     if ablated:

@@ -1,0 +1,108 @@
+"""Measured mixture-of-experts training runs (formulation/data/reference/published_runs_moe.csv) as instances +
+placements.
+
+MoE models cannot be described by the dense columns of a runs CSV, so a row names a model preset
+(`model_preset`, formulation/data/models/) and carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall` or
+`allgather`: the modelled ones; DeepEP / HybridEP rows say so in `flagged` and are scored as `alltoall`),
+`load_imbalance` (blank: the job default, docs/moe.md; 1.0 where the run forced balanced routing) and
+`layers_per_stage` (comma-separated; Megatron-Core's embedding- and loss-accounting splits give the first and last
+stage fewer layers). `recompute` is the mapped granularity (none / selective / full), `recompute_published` what
+the source ran; `flagged` lists the features the model does not have (the row is still scored, and reported
+apart from the clean rows). Measured time: `iter_s`, else the published TFLOP/s per GPU with Megatron-LM's MoE
+FLOP count (docs/moe.md (E8)), full or with causal attention as `flop_count` says. Every row is predicted and never fitted (`Run.fitted` is False).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from formulation.inputs.instance import instance_from_dict
+from formulation.physics.moe_cost import attention_head_dims, model_flops
+from formulation.placement import Placement
+
+MOE_COLUMNS = ("model_preset", "ep", "etp", "dispatcher", "layers_per_stage")
+# MoE rows are numbered from 2000 (torchtitan's from 1000), so that no row number of the dense reference files
+# (e.g. calibrate.EXCLUDED's SC21 rows 10-15) names one of them.
+MOE_ROW_OFFSET = 2000
+
+
+def is_moe_runs_file(path: str | Path) -> bool:
+    with open(path, newline="", encoding="utf-8") as handle:
+        return "model_preset" in (csv.DictReader(handle).fieldnames or [])
+
+
+def _training(r: dict) -> dict:
+    training = {"global_batch_size": int(r["gbs"]), "seq_length": int(r["seq"]), "precision": r["precision"],
+                "recompute": [r["recompute"] or "none"], "zero_stage": [int(r["zero"] or 1)],
+                "max_micro_batch_size": int(r["mbs"] or 1), "context_parallel_sizes": [int(r["cp"] or 1)],
+                "virtual_pipeline_sizes": [int(r["vp"] or 1)], "flash_attention": True, "sequence_parallel": True,
+                "memory_limit_fraction": 1.0, "software_stack": "megatron",
+                "expert_parallel_sizes": [int(r["ep"])], "expert_tensor_parallel_sizes": [int(r["etp"] or 1)],
+                "moe_token_dispatcher": r["dispatcher"] or "alltoall"}
+    if (r.get("load_imbalance") or "").strip():
+        training["moe_load_imbalance"] = float(r["load_imbalance"])
+    return training
+
+
+def instance_data(index: int, r: dict) -> dict:
+    """The row's instance: the preset model, the job as the source ran it, a uniform cluster of its GPU type."""
+    n_gpus, per_node = int(r["n_gpus"]), int(r["gpus_per_node"] or 8)
+    return {
+        "name": f"moe-row{index}", "description": r["model_preset"], "model": {"preset": r["model_preset"]},
+        "training": _training(r),
+        "cluster": {"gpu_types": {r["gpu_type"]: {"preset": r["gpu_type"]}},
+                    "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n",
+                               "gpu_type": r["gpu_type"], "gpus": min(per_node, n_gpus)}],
+                    "network": {"intra_node_gb_per_s": float(r["intra_node_gb_per_s"]),
+                                "inter_node_gb_per_s": float(r["inter_node_gb_per_s"])}},
+    }
+
+
+def moe_run_from_row(index: int, r: dict):
+    from solvers.validation.runs import Run  # runs.py dispatches here: imported late to keep the cycle open
+
+    base = dict(row=index, name=r["model_preset"], source=r["source"], gpu_type=r["gpu_type"], instance=None,
+                placement=None, measured_iter_s=None, measured_how="", measured_peak_memory_gb=None,
+                measured_oom=False, fitted=False, flags=tuple(f.strip() for f in r["flagged"].split(";") if f.strip()))
+    try:
+        instance = instance_from_dict(instance_data(index, r), f"moe runs row {index}")
+    except ValueError as exc:
+        return Run(**base, skipped_reason=f"cannot build the instance: {exc}")
+    tp, pp, dp, cp = (int(r[k] or 1) for k in ("tp", "pp", "dp", "cp"))
+    n_gpus = int(r["n_gpus"])
+    if tp * pp * cp * dp != n_gpus:
+        return Run(**base, skipped_reason=f"tp x pp x cp x dp = {tp * pp * cp * dp} differs from n_gpus = {n_gpus}")
+    layers = tuple(int(x) for x in r["layers_per_stage"].split(","))
+    if len(layers) != pp or sum(layers) != instance.model.num_layers:
+        return Run(**base, skipped_reason=f"layers_per_stage {layers} is not {pp} stages of "
+                                          f"{instance.model.num_layers} layers")
+    placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=int(r["vp"] or 1), micro_batch_size=int(r["mbs"] or 1),
+                          recompute=r["recompute"] or "none", zero_stage=int(r["zero"] or 1),
+                          layers_per_stage=layers, gpus=tuple(range(n_gpus)), ep=int(r["ep"]), etp=int(r["etp"] or 1))
+    measured, how = measured_time(r, instance)
+    return Run(**base | {"instance": instance, "placement": placement, "measured_iter_s": measured,
+                         "measured_how": how})
+
+
+def source_flops(instance, flop_count: str) -> float:
+    """One iteration's FLOPs as the source counted them: Megatron-LM's MoE count (E8), with `causal` half the
+    attention core (newer Megatron-LM; the ModelZoo's Qwen3 H100 table agrees with it within 0.7%)."""
+    model, training = instance.model, instance.training
+    sequences, seq = training.global_batch_size, training.seq_length
+    flops = model_flops(model, sequences, seq)
+    if flop_count == "causal":
+        dqk, dv = attention_head_dims(model)
+        flops -= 3.0 * sequences * seq * model.num_layers * seq * model.num_attention_heads * (dqk + dv)
+    elif flop_count != "full":
+        raise ValueError(f"flop_count {flop_count!r}: expected causal or full")
+    return flops
+
+
+def measured_time(r: dict, instance) -> tuple[float, str]:
+    """The published step time, else the published TFLOP/s per GPU converted with the source's own count."""
+    if (r.get("iter_s") or "").strip():
+        return float(r["iter_s"]), "iter_s"
+    flops = source_flops(instance, r["flop_count"])
+    return flops / (float(r["tflops_per_gpu"]) * 1e12 * int(r["n_gpus"])), f"from TFLOP/s ({r['flop_count']} count)"
