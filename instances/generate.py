@@ -279,6 +279,21 @@ def a100_h100_64() -> dict:
         [("h100", "h100-sxm-80gb", 4), ("a100", "a100-sxm-80gb", 4)], 24.0)
 
 
+def mixtral_8x7b_a100_h100_64() -> dict:
+    """The two purchases of a100_h100_64 (4 DGX H100 + 4 DGX A100-80GB) training Mixtral-8x7B: expert
+    parallelism on mixed GPU types, where an expert-parallel group that spans the pods crosses the spine."""
+    return _mixed(
+        "mixtral_8x7b_a100_h100_64",
+        "Mixtral-8x7B (8 experts, top-2), sequence 4096, global batch 256 sequences (1M tokens per step) on 4 DGX "
+        "H100 nodes and 4 DGX A100-80GB nodes: NDR 400G (~48 GB/s per NIC) in the H100 pod, HDR 200G (~24 GB/s) "
+        "in the A100 pod, a spine at ~24 GB/s between them. Expert groups and stages on mixed GPU types.",
+        "mixtral-8x7b",
+        {"global_batch_size": 256, "seq_length": 4096, "recompute": ["none", "selective", "full"],
+         "zero_stage": [1], "max_micro_batch_size": 2, "context_parallel_sizes": [1],
+         "virtual_pipeline_sizes": [1, 2]},
+        [("h100", "h100-sxm-80gb", 4), ("a100", "a100-sxm-80gb", 4)], 24.0)
+
+
 def mixed_256() -> dict:
     """32 nodes of three types: 8 DGX H200, 8 DGX H100, 16 DGX A100-80GB."""
     return _mixed(
@@ -297,7 +312,7 @@ BUILDERS = {"small_4x2": lambda: small_matrix(4, 2), "small_2x4": lambda: small_
             "measured_4": lambda: measured_matrix(4), "measured_16": lambda: measured_matrix(16), "measured_32": lambda: measured_matrix(32),
             "measured_64": lambda: measured_matrix(64),
             "a100_h100_64": a100_h100_64, "mixed_256": mixed_256, "mixtral_8x7b_h100_64": mixtral_8x7b_h100_64,
-            "deepseek_v3_h100_1024": deepseek_v3_h100_1024}
+            "mixtral_8x7b_a100_h100_64": mixtral_8x7b_a100_h100_64, "deepseek_v3_h100_1024": deepseek_v3_h100_1024}
 
 
 def write(name: str, data: dict, out_dir: Path) -> Path:

@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from conftest import H100_128, build_instance, run_solve, small_instance_dict
+from conftest import H100_128, REPO, build_instance, run_solve, small_instance_dict
 from formulation import default_placement, evaluate
 from solvers.outputs.export import export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout
 from solvers.outputs.torchtitan import runnable_zero_stages, torchtitan_run, torchtitan_toml
@@ -136,6 +136,45 @@ def test_wrong_launch_orders_fail_the_check(h100, plan):
     hosts[0], hosts[other] = hosts[other], hosts[0]
     with pytest.raises(LaunchMismatch, match="rank 0 is placed on"):
         check_groups(h100, p, dataclasses.replace(slurm, hostfile=tuple(hosts)))
+
+
+def test_expert_groups_are_part_of_the_self_check():
+    """Mixtral on 64 H100 at tp 2, dp 32, ep 8: the written launch realises Megatron's expert groups too. Swapping
+    two whole dp replicas (ranks 2-3 with 8-9) keeps every dense group (tp pairs, the dp group, pp) and moves
+    GPUs between expert-parallel groups (ranks 0-7, 8-15, ...): only the expert check can see it."""
+    from formulation import load_instance
+    from formulation.placement import Placement
+    from solvers.outputs.launch import plan_expert_groups
+    instance = load_instance(REPO / "instances" / "mixtral_8x7b_h100_64.json")
+    p = Placement(tp=2, pp=1, cp=1, dp=32, vpp=1, micro_batch_size=1, recompute="full", zero_stage=1,
+                  layers_per_stage=(instance.model.num_layers,), gpus=tuple(range(64)), ep=8)
+    check_groups(instance, p, slurm_launch(instance, p))
+    assert sorted(map(sorted, plan_expert_groups(p)["ep"]))[:2] == [list(range(8)), list(range(8, 16))]
+    gpus = list(range(64))
+    gpus[2:4], gpus[8:10] = gpus[8:10], gpus[2:4]
+    launch = slurm_launch(instance, dataclasses.replace(p, gpus=tuple(gpus)))
+    check_groups(instance, dataclasses.replace(p, ep=1), launch)  # dense groups alike: passes without experts
+    with pytest.raises(LaunchMismatch, match="expert ep group"):
+        check_groups(instance, p, launch)
+
+
+def test_torchtitan_files_carry_the_expert_degrees():
+    """A MoE plan's torchtitan settings name its expert_parallel_degree and expert_tensor_parallel_degree, and
+    say that torchtitan lays its expert groups out differently (and that it supports etp 1 or tp only)."""
+    import types
+    from formulation import load_instance
+    from formulation.placement import Placement
+    instance = load_instance(REPO / "instances" / "mixtral_8x7b_h100_64.json")
+    p = Placement(tp=2, pp=1, cp=1, dp=32, vpp=1, micro_batch_size=1, recompute="full", zero_stage=3,
+                  layers_per_stage=(instance.model.num_layers,), gpus=tuple(range(64)), ep=8)
+    plan = types.SimpleNamespace(placement=p, estimate=evaluate(instance, p, check=False))
+    text = torchtitan_toml(instance, plan)
+    parallelism = tomllib.loads(text)["parallelism"]
+    assert parallelism["expert_parallel_degree"] == 8 and parallelism["expert_tensor_parallel_degree"] == 1
+    assert "etp-ep-edp" in text
+    odd = dataclasses.replace(p, tp=4, dp=16, etp=2)
+    text = torchtitan_toml(instance, types.SimpleNamespace(placement=odd, estimate=evaluate(instance, odd, check=False)))
+    assert "supports expert_tensor_parallel_degree 1 or tp (4) only" in text
 
 
 def test_wrong_launch_orders_name_the_broken_group():

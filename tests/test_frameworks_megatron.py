@@ -140,3 +140,24 @@ def test_a_wrong_launch_fails_against_megatrons_real_groups(h100, plan):
     launch = slurm_launch(h100, dataclasses.replace(p, gpus=tuple(wrong)))
     with pytest.raises(LaunchMismatch, match="group of ranks"):
         check_groups(h100, p, launch, initialize_model_parallel_groups)
+
+
+def test_written_moe_launch_realises_megatrons_real_expert_groups():
+    """The self-check with megatron-core's own dense and expert groups on a Mixtral plan's written Slurm launch
+    (tp 2, pp 2, dp 16, ep 8 on 64 H100), and a launch that swaps two dp replicas fails on an expert group only."""
+    instance = load_instance(REPO / "instances" / "mixtral_8x7b_h100_64.json")
+    half = instance.model.num_layers // 2
+    p = Placement(tp=2, pp=2, cp=1, dp=16, vpp=1, micro_batch_size=1, recompute="full", zero_stage=1,
+                  layers_per_stage=(half, instance.model.num_layers - half), gpus=tuple(range(64)), ep=8)
+
+    def real_expert(etp, ep, expert_dp, pp):
+        return initialize_model_parallel_groups(p.tp, p.cp, p.dp, pp, ep=ep, etp=etp, descs=EXPERT_GROUP_DESCS)
+
+    hostfile, script = slurm_files(slurm_launch(instance, p), p)
+    check_groups(instance, p, parse_slurm_files(hostfile, script), initialize_model_parallel_groups, real_expert)
+    gpus = list(p.gpus)
+    for lo in (0, 32):  # the same two replicas in both stages, so that the pipeline groups stay the plan's
+        gpus[lo + 2:lo + 4], gpus[lo + 8:lo + 10] = gpus[lo + 8:lo + 10], gpus[lo + 2:lo + 4]
+    with pytest.raises(LaunchMismatch, match="expert"):
+        check_groups(instance, p, slurm_launch(instance, dataclasses.replace(p, gpus=tuple(gpus))),
+                     initialize_model_parallel_groups, real_expert)

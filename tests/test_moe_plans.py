@@ -188,3 +188,21 @@ def test_megatron_arguments_for_deepseek_v3():
     assert (args["--q-lora-rank"], args["--kv-lora-rank"], args["--qk-head-dim"], args["--qk-pos-emb-head-dim"],
             args["--v-head-dim"]) == (1536, 512, 128, 64, 128)
     assert "--multi-latent-attention" in args and "--moe-grouped-gemm" in args
+
+
+@pytest.mark.slow
+def test_mixed_type_moe_instance_keeps_expert_groups_inside_nodes():
+    """mixtral_8x7b_a100_h100_64 (4 DGX H100 + 4 DGX A100 behind a ~24 GB/s spine): the mixed-type search plans
+    expert parallelism with stages on islands of one GPU type; the plan is the evaluator's, and each
+    expert-parallel group stays inside one node (the all-to-all on NVLink, not the NICs or the spine)."""
+    from formulation import load_instance
+    from solvers import solve
+    inst = load_instance(REPO_INSTANCES / "mixtral_8x7b_a100_h100_64.json")
+    result = solve(inst, seed=0, time_limit=60)
+    p = result.placement
+    assert p.ep > 1 and result.solver.bound_s <= result.solver.objective_s
+    assert result.estimate.iteration_time_s == evaluate(inst, p).iteration_time_s
+    node = inst.cluster.gpu_node
+    for stage in range(p.pp):
+        for group in p.moe_ep_groups(stage):
+            assert len({int(node[g]) for g in group}) == 1, (stage, group)

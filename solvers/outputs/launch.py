@@ -183,13 +183,30 @@ def plan_groups(placement: Placement) -> dict[str, list[tuple[int, ...]]]:
 
 
 RankGroups = Callable[[int, int, int, int], dict[str, list[list[int]]]]  # (tp, cp, dp, pp) -> name -> groups
+ExpertRankGroups = Callable[[int, int, int, int], dict[str, list[list[int]]]]  # (etp, ep, expert_dp, pp) -> ...
+
+
+def plan_expert_groups(placement: Placement) -> dict[str, list[tuple[int, ...]]]:
+    """The plan's expert groups as physical GPUs, from `Placement.expert_grid` ([pp, expert_dp, ep, etp]), under
+    the names Megatron's expert RankGenerator gives them."""
+    grid = placement.expert_grid(placement.ep, placement.etp)
+    pp, edp, ep, etp = grid.shape
+    return {
+        "ep": [tuple(grid[s, d, :, t]) for s in range(pp) for d in range(edp) for t in range(etp)],
+        "tp": [tuple(grid[s, d, e, :]) for s in range(pp) for d in range(edp) for e in range(ep)],
+        "dp": [tuple(grid[s, :, e, t]) for s in range(pp) for e in range(ep) for t in range(etp)],
+        "tp-ep": [tuple(grid[s, d].reshape(-1)) for s in range(pp) for d in range(edp)],
+    }
 
 
 def check_groups(instance, placement: Placement, launch: TorchrunLaunch | SlurmLaunch,
-                 rank_groups: RankGroups = megatron_rank_groups) -> None:
+                 rank_groups: RankGroups = megatron_rank_groups,
+                 expert_rank_groups: ExpertRankGroups = megatron_expert_rank_groups) -> None:
     """Raise `LaunchMismatch` unless the launch realises every process group of the plan.
 
-    `rank_groups` gives the global ranks of Megatron's groups (the tests pass megatron-core's own).
+    `rank_groups` / `expert_rank_groups` give the global ranks of Megatron's groups and expert groups (the tests
+    pass megatron-core's own). Expert groups (ep, expert tp, expert dp, tp-ep) are checked where the plan has
+    ep x etp > 1.
 
     tp, cp, dp and dp-cp groups are compared as sets of GPUs (the order inside them changes neither traffic nor
     results); pp groups as sequences, because position k of a pipeline group is stage k and holds its layers.
@@ -202,8 +219,16 @@ def check_groups(instance, placement: Placement, launch: TorchrunLaunch | SlurmL
     if len(set(gpus)) != len(gpus):
         dup = next(g for g in gpus if gpus.count(g) > 1)
         raise LaunchMismatch(f"{kind}: GPU {cluster.gpu_name(dup)} is given to two ranks")
-    built = rank_groups(placement.tp, placement.cp, placement.dp, placement.pp)
-    expected = plan_groups(placement)
+    _compare_groups(kind, "", rank_groups(placement.tp, placement.cp, placement.dp, placement.pp),
+                    plan_groups(placement), gpus, cluster)
+    if placement.ep * placement.etp > 1:
+        expert_dp = placement.tp * placement.cp * placement.dp // (placement.ep * placement.etp)
+        _compare_groups(kind, "expert ", expert_rank_groups(placement.etp, placement.ep, expert_dp, placement.pp),
+                        plan_expert_groups(placement), gpus, cluster)
+
+
+def _compare_groups(kind: str, prefix: str, built: dict, expected: dict, gpus: list[int], cluster) -> None:
+    """Each of Megatron's groups (global ranks, realised on `gpus`) must be a group of the plan; pp in order."""
     for name, rank_groups in built.items():
         realised = [tuple(gpus[r] for r in ranks) for ranks in rank_groups]
         want = [tuple(int(g) for g in group) for group in expected[name]]
@@ -214,7 +239,9 @@ def check_groups(instance, placement: Placement, launch: TorchrunLaunch | SlurmL
         if have_set != want_set:
             bad = next(i for i, g in enumerate(realised) if (g if name == "pp" else frozenset(g)) not in want_set)
             names = ", ".join(cluster.gpu_name(g) for g in realised[bad])
-            raise LaunchMismatch(f"{kind}: Megatron's {name} group of ranks {rank_groups[bad]} runs on [{names}], "
+            raise LaunchMismatch(f"{kind}: Megatron's {prefix}{name} group of ranks {rank_groups[bad]} runs on "
+                                 f"[{names}], which is not an {prefix}{name} group of the plan" if prefix else
+                                 f"{kind}: Megatron's {name} group of ranks {rank_groups[bad]} runs on [{names}], "
                                  f"which is not a {name} group of the plan")
 
 

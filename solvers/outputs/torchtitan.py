@@ -73,11 +73,23 @@ def _why_not(p: Placement, release: str) -> str:
     return f"the plan's zero_stage {p.zero_stage} cannot run as planned: " + "; ".join(reasons)
 
 
+def expert_notes(p: Placement) -> tuple[str, ...]:
+    """What torchtitan does differently with the plan's expert parallelism (its ParallelismConfig docs)."""
+    if p.ep * p.etp == 1:
+        return ()
+    notes = ["torchtitan carves its expert-parallel groups out of its dp_shard x cp mesh (x tp when "
+             "expert_tensor_parallel_degree = 1), not in Megatron-Core's etp-ep-edp rank order the GPU map was "
+             "planned for: the expert groups may differ from the plan's (the Megatron route realises them)"]
+    if p.etp not in (1, p.tp):
+        notes.append(f"torchtitan supports expert_tensor_parallel_degree 1 or tp ({p.tp}) only; the plan has etp = {p.etp}")
+    return tuple(notes)
+
+
 def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
     """The run `release` can do for `plan`: as planned, or the fastest runnable zero stage that fits."""
     p, e = plan.placement, plan.estimate
     if p.zero_stage in runnable_zero_stages(p, release):
-        return TorchtitanRun(release, p, e, ())
+        return TorchtitanRun(release, p, e, expert_notes(p))
     scored = [(evaluate(instance, dataclasses.replace(p, zero_stage=z), check=False), z)
               for z in runnable_zero_stages(p, release)]
     fitting = [(est, z) for est, z in scored if est.fits] or scored
@@ -92,7 +104,7 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
     note += ("; " + "; ".join(others) if others else "") + (
         f'. For a plan torchtitan runs as planned, re-plan with "zero_stage": {list(runnable_zero_stages(p, release))} '
         'in the instance\'s training section.')
-    return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est, (note,))
+    return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est, (note, *expert_notes(p)))
 
 
 def torchtitan_model(model_name: str) -> tuple[str, str] | None:
@@ -117,6 +129,8 @@ def _degrees(run: TorchtitanRun) -> list[tuple[str, object]]:
         pairs.append(("fsdp_reshard_after_forward", "always"))
     pairs += [("tensor_parallel_degree", p.tp), ("pipeline_parallel_degree", p.pp),
               ("context_parallel_degree", p.cp)]
+    if p.ep * p.etp > 1:
+        pairs += [("expert_parallel_degree", p.ep), ("expert_tensor_parallel_degree", p.etp)]
     if p.pp > 1:
         pairs += [("pipeline_parallel_microbatch_size", p.micro_batch_size),
                   ("pipeline_parallel_schedule", "Interleaved1F1B" if p.vpp > 1 else "1F1B")]
