@@ -49,6 +49,10 @@ class PlanResult:
         out = {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict(),
                "solver": self.solver.to_dict()}
         if self.alternatives:
-            out["alternatives"] = [{"placement": p.to_dict(cluster), "estimate": e.to_dict()}
+            mine = self.estimate.iteration_time_interval_s
+            out["alternatives"] = [{"placement": p.to_dict(cluster), "estimate": e.to_dict(),
+                                    # its p10-p90 interval overlaps the plan's (solvers/outputs/report.py tie_note)
+                                    "tie_with_best": bool(mine and e.iteration_time_interval_s
+                                                          and e.iteration_time_interval_s[0] <= mine[1])}
                                    for p, e in self.alternatives]
         return out

@@ -50,3 +50,21 @@ def test_an_mfu_above_every_published_run_is_flagged():
     (plain_mfu, plain_text), (boosted_mfu, boosted_text) = texts
     assert plain_mfu < 0.59 and "treat as optimistic" not in plain_text
     assert boosted_mfu > 0.6 and "above the highest MFU published" in boosted_text
+
+
+def test_runners_up_within_the_interval_are_ties_with_the_parts_that_separate_them():
+    """Issue 14: a plan whose p10-p90 interval overlaps the best's is a tie, and the note names the breakdown
+    parts where the two differ, largest first; a plan beyond the interval is not called a tie."""
+    from solvers.outputs.report import tie_note
+    instance = load_instance(H100_128)
+    best = evaluate(instance, default_placement(instance, tp=4, pp=4, cp=2, vpp=5, micro_batch_size=1,
+                                                recompute="none", zero_stage=1))
+    near = evaluate(instance, default_placement(instance, tp=4, pp=4, cp=2, vpp=5, micro_batch_size=1,
+                                                recompute="selective", zero_stage=1))
+    far = evaluate(instance, default_placement(instance, tp=8, pp=16, cp=1, vpp=1, micro_batch_size=1,
+                                               recompute="full", zero_stage=1))
+    lo, hi = best.iteration_time_interval_s
+    assert near.iteration_time_interval_s[0] <= hi < far.iteration_time_interval_s[0]
+    note = tie_note(best, near)
+    assert "TIE with #1" in note and "compute +" in note  # selective recompute costs compute, nothing else
+    assert tie_note(best, far) == ""

@@ -29,7 +29,7 @@ from formulation.inputs.user_calibration import apply_user_calibration, load_use
 from formulation.placement import load_placement
 from solvers import solve
 from solvers.outputs.files import write_json_atomic
-from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables
+from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables, tie_note
 from solvers.search.driver import NoPlanInTime
 from solvers.search.islands import UNITS
 from solvers.search.objectives import objective_value
@@ -204,7 +204,7 @@ def _print_plan(instance, result, console) -> None:
         print_tables([islands_table(s.islands)], console)
     _print_default_comparison(instance, result, console)
     for rank, (p, e) in enumerate(result.alternatives, start=2):
-        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  {p.describe()}")
+        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  {p.describe()}" + tie_note(result.estimate, e))
 
 
 def _print_default_comparison(instance, result, console) -> None:

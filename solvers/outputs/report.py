@@ -78,6 +78,21 @@ def stack_note(job) -> str:
     return note
 
 
+def tie_note(best: Estimate, other: Estimate) -> str:
+    """For a runner-up: whether its p10-p90 interval overlaps the plan's (then the two are a tie: their
+    difference is within what the model gets wrong across sources), and the parts of the critical-path
+    breakdown that separate them (largest differences first). The intervals are one cluster's error band: plans
+    on the same cluster and stack share most of it, so the breakdown says where the ranking comes from."""
+    mine, theirs = best.iteration_time_interval_s, other.iteration_time_interval_s
+    if not mine or not theirs or theirs[0] > mine[1]:
+        return ""
+    parts = sorted(((other.breakdown.get(k, 0.0) - v, k) for k, v in best.breakdown.items()),
+                   key=lambda dv: -abs(dv[0]))
+    reasons = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {d:+.3f} s" for d, k in parts[:3] if abs(d) >= 5e-4)
+    return (f"  TIE with #1 within the prediction interval (p10-p90 {theirs[0]:.3f}-{theirs[1]:.3f} s against "
+            f"{mine[0]:.3f}-{mine[1]:.3f} s); it differs by {reasons or 'nothing on the critical path'}")
+
+
 def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head = Table(title=f"{instance.name}: {instance.model.name} on {p.world_size} GPUs", show_header=False)
     head.add_column(style="bold", overflow="fold")
