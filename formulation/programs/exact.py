@@ -1,4 +1,4 @@
-"""The exact mathematical program for one configuration (docs/programs.md (P1)-(P12)).
+"""The exact mathematical program for one configuration (docs/programs.md (P1)-(P15)).
 
 Decides the layer partition and the rank-to-GPU map of one configuration (tp, pp, cp, dp, vpp, micro-batch,
 recompute, zero_stage) so that the evaluator's iteration time is minimal. Ranks are assigned to *uniform
@@ -60,7 +60,7 @@ class _Builder:
 
 
 def build_program(instance, config: Config) -> Program:
-    """(P1)-(P12) for one configuration; raises ValueError if no partition fits in memory."""
+    """(P1)-(P15) for one configuration; raises ValueError if no partition fits in memory."""
     b = _Builder(instance, config)
     gpu_types = {b.cluster.nodes[n].gpu_type for n in range(len(b.cluster.nodes))}
     if len(gpu_types) != 1:
