@@ -167,10 +167,13 @@ def test_lower_bounds_never_exceed_evaluated_moe_placements(seed):
 
 
 def test_solve_plans_an_moe_model_with_an_honest_status():
+    """Small enough for the exact program, which encodes the expert groups (tests/test_moe_exact.py checks its
+    optimum against brute force): proven optimal."""
     from solvers import solve
     inst = moe_instance(seed=1)
     result = solve(inst, seed=0)
-    assert result.solver.status != "optimal" and result.solver.bound_s <= result.solver.objective_s
+    assert result.solver.method.startswith("exact") and result.solver.status == "optimal"
+    assert result.solver.bound_s <= result.solver.objective_s
     assert result.estimate.iteration_time_s == evaluate(inst, result.placement).iteration_time_s
     assert "ep_comm_s" in result.estimate.breakdown
 

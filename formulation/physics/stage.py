@@ -142,6 +142,16 @@ def expert_dp_messages(instance, p, k: StageConstants, layers: int) -> dict:
     return {"reduce_scatter": params * g_bytes, "all_gather": params * w_bytes}
 
 
+def expert_only_parts(instance, k: StageConstants, layers: int, experts) -> list[tuple[str, float, bool, float]]:
+    """(E9) The sync's parts as `dp_sync_parts` gives them when only the experts need one (no dense data
+    parallelism): each of the experts' collectives with a dense message of 0 and its (C11) window."""
+    job = instance.training
+    windows = {"all_reduce": k.window_b(layers), "reduce_scatter": k.window_b(layers), "all_gather": k.window_f(layers)}
+    overlap = {"all_reduce": job.overlap_grad_reduce, "reduce_scatter": job.overlap_grad_reduce,
+               "all_gather": job.overlap_param_gather}
+    return [(kind, 0.0, overlap[kind], windows[kind]) for kind in experts]
+
+
 def dp_sync(instance, p, k: StageConstants, layers: int, slowest, expert_slowest=None) -> tuple[float, float]:
     """(C11) The stage's data-parallel sync and its exposed part: `slowest(kind, message)` is the time of the
     stage's slowest dp group for that collective; `expert_slowest(kind, message)` the same over the expert-data-
@@ -149,12 +159,7 @@ def dp_sync(instance, p, k: StageConstants, layers: int, slowest, expert_slowest
     parts = dp_sync_parts(instance, p, k, layers)
     experts = expert_dp_messages(instance, p, k, layers) if expert_slowest else {}
     if experts and not parts:  # the dense parameters need no sync, the experts do
-        windows = {"all_reduce": k.window_b(layers), "reduce_scatter": k.window_b(layers),
-                   "all_gather": k.window_f(layers)}
-        overlap = {"all_reduce": instance.training.overlap_grad_reduce,
-                   "reduce_scatter": instance.training.overlap_grad_reduce,
-                   "all_gather": instance.training.overlap_param_gather}
-        parts = [(kind, 0.0, overlap[kind], windows[kind]) for kind in experts]
+        parts = expert_only_parts(instance, k, layers, experts)
     total = exposed = 0.0
     for kind, message, overlapped, window in parts:
         time = (slowest(kind, message) if message > 0 else 0.0) + (

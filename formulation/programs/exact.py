@@ -1,4 +1,4 @@
-"""The exact mathematical program for one configuration (docs/programs.md (P1)-(P12)).
+"""The exact mathematical program for one configuration (docs/programs.md (P1)-(P15)).
 
 Decides the layer partition and the rank-to-GPU map of one configuration (tp, pp, cp, dp, vpp, micro-batch,
 recompute, zero_stage) so that the evaluator's iteration time is minimal. Ranks are assigned to *uniform
@@ -19,11 +19,14 @@ import numpy as np
 from formulation.physics import cost
 from formulation.physics.cost import GroupLinks
 from formulation.physics.memory import stage_memory
+from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
+                                                 expert_sync_time, symmetric_unit)
 from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables
 from formulation.programs.mip import Program
 from formulation.placement import Placement
 from formulation.space import Config
-from formulation.physics.stage import dp_sync_parts, layer_time, stage_constants
+from formulation.physics.stage import (dp_sync_parts, expert_dp_messages, expert_only_parts, layer_time,
+                                       stage_constants)
 
 
 
@@ -57,7 +60,7 @@ class _Builder:
 
 
 def build_program(instance, config: Config) -> Program:
-    """(P1)-(P12) for one configuration; raises ValueError if no partition fits in memory."""
+    """(P1)-(P15) for one configuration; raises ValueError if no partition fits in memory."""
     b = _Builder(instance, config)
     gpu_types = {b.cluster.nodes[n].gpu_type for n in range(len(b.cluster.nodes))}
     if len(gpu_types) != 1:
@@ -141,6 +144,7 @@ def _stage_time(b: _Builder, i: int) -> int:
         return m
 
     tp, cp, ag, rs = (stage_max(v, n) for v, n in ((tp_vars, "TP"), (cp_vars, "CP"), (ag_vars, "AG"), (rs_vars, "RS")))
+    experts = expert_layer_comm(b, i)  # (P14) phi x (slowest ep + slowest etp), forward
     rp = k.recompute_passes
     tp_f, tp_b0, cp_f, z3_f, z3_b = (prog.var(f"{n}[{i}]") for n in ("tpf", "tpb", "cpf", "z3f", "z3b"))
     if job.tp_comm_overlap:
@@ -158,7 +162,8 @@ def _stage_time(b: _Builder, i: int) -> int:
     prog.add({z3_b: 1, ag: -1, rs: -1, tp_b0: 1, tp_f: rp, cp_f: 2 + rp}, ">=", -b.t(k.b_compute),
              "P7 zero3 exposed")
     u = prog.var(f"u[{i}]")
-    prog.add({u: 1, tp_f: -(1 + rp), tp_b0: -1, cp_f: -(3 + rp), z3_f: -1, z3_b: -1}, "==",
+    moe_terms = {experts: -(2 + rp)} if experts is not None else {}  # forward + backward (1 + rp) x
+    prog.add({u: 1, tp_f: -(1 + rp), tp_b0: -1, cp_f: -(3 + rp), z3_f: -1, z3_b: -1, **moe_terms}, "==",
              b.t(k.f_compute + k.b_compute), "P7 per-layer time")
     u_max = b.t(_per_layer_upper_bound(b, k))
     y = prog.var(f"y[{i}]")
@@ -186,7 +191,7 @@ def _per_layer_upper_bound(b: _Builder, k) -> float:
                                       cluster) for N, kk in shapes)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, GroupLinks(n_dp, slow, slow, N, kk),
                                       cluster) for N, kk in shapes)
-    lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs)
+    lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs, expert_layer_upper_bound(b))
     return (lt.forward + lt.backward) * 1.001 + 1e-9
 
 
@@ -196,15 +201,22 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     The message grows with l_i, so each part's time is selected by (shape, level, layer count) together:
     X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2)."""
     prog, c, cluster = b.prog, b.c, b.cluster
-    if c.dp * c.cp == 1 or c.zero_stage >= 3:
+    edp = expert_dp_groups(b, i) if c.zero_stage < 3 else []  # (P15) mixture-of-experts: the experts' sync
+    if (c.dp * c.cp == 1 and not edp) or c.zero_stage >= 3:
         return None
     k = b.stage_constants[i]
     qs = sorted(q for (stage, q) in prog.layers if stage == i)
+
+    def parts_at(q):
+        if c.dp * c.cp > 1:
+            return dp_sync_parts(b.inst, b.template, k, q)
+        return expert_only_parts(b.inst, k, q, expert_dp_messages(b.inst, b.template, k, q))
+
     exposed = prog.var(f"E[{i}]")
     parts_exposed = []
-    for part, (kind, _, overlapped, _) in enumerate(dp_sync_parts(b.inst, b.template, k, qs[0])):
+    for part, (kind, _, overlapped, _) in enumerate(parts_at(qs[0])):
         slowest = prog.var(f"DP[{i},{part}]")
-        for g in b.dp_groups[i]:
+        for g in b.dp_groups.get(i, []):
             n = len(g.ranks)
             x_i, x_e, lat = (prog.var(f"{nm}[dp{g.ranks[0]},{part}]") for nm in ("XIdp", "XEdp", "Ddp"))
             for q in qs:
@@ -222,11 +234,15 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
                                 prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef,
                                          "P9 dp part")
             prog.add({slowest: 1, x_i: -1, x_e: -1, lat: -1}, ">=", 0, "P9 slowest dp group")
+        experts = expert_sync_time(b, i, edp, kind, qs, str(part))
+        if experts is not None:  # (P15) plus the same collective of the expert gradients, in the same window
+            dense, slowest = slowest, prog.var(f"DPE[{i},{part}]")
+            prog.add({slowest: 1, dense: -1, experts: -1}, ">=", 0, "P15 dp and edp collective")
         e = prog.var(f"Epart[{i},{part}]")
         terms = {e: 1, slowest: -1}
         if overlapped:
             for q in qs:
-                window = dp_sync_parts(b.inst, b.template, k, q)[part][3]
+                window = parts_at(q)[part][3]
                 terms[prog.layers[(i, q)]] = terms.get(prog.layers[(i, q)], 0) + b.t(window)
         prog.add(terms, ">=", 0, "P9 dp exposed")
         num, den = cost.dp_overlap_exposed()
@@ -296,11 +312,15 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
 def _symmetry_breaking(b: _Builder) -> None:
     """(P13) Data-parallel replicas are interchangeable (permuting the dp coordinate everywhere keeps every
     group and every pipeline pair): order replicas by the class of their first rank in stage 0. Without
-    data parallelism, order the tensor-parallel ranks of stage 0's first group the same way."""
+    data parallelism, order the tensor-parallel ranks of stage 0's first group the same way. Expert groups
+    (mixture-of-experts) are kept only by permutations of whole units of replicas that hold whole expert blocks
+    (`symmetric_unit`), so replicas are ordered unit by unit, and without such units not at all."""
     prog, c, tpl = b.prog, b.c, b.template
     grid = np.asarray(tpl.gpus).reshape(c.pp, c.dp, c.cp, c.tp)
-    leaders = [int(grid[0, j, 0, 0]) for j in range(c.dp)] if c.dp > 1 else \
-        [int(grid[0, 0, 0, x]) for x in range(c.tp)] if c.tp > 1 else []
+    unit = symmetric_unit(tpl)
+    units = c.tp * c.cp * c.dp // unit
+    leaders = [int(tpl.gpus[j * unit]) for j in range(units)] if units > 1 else \
+        [int(grid[0, 0, 0, x]) for x in range(c.tp)] if c.tp > 1 and c.ep * c.etp == 1 else []
     for r, r2 in zip(leaders, leaders[1:]):
         terms = {}
         for u in range(len(prog.classes)):

@@ -83,14 +83,15 @@ def group_variables(b, ranks, family: str) -> Group:
     return g
 
 
-def group_time(b, g: Group, fn, family: str) -> int:
+def group_time(b, g: Group, fn, family: str, concurrent: bool = False) -> int:
     """(P6) Time of one group as intra part + inter part + latency part, each selected by shape and level:
     X_I >= A(s, b_k) (sigma_s + zeta_I[k] - 1), X_E likewise, D >= D(s) sigma_s; fn(links) is the cost
-    model's time of a group with given links (additive in the two levels, see (C5))."""
+    model's time of a group with given links (additive in the two levels, see (C5)). `concurrent`: the two
+    levels run at once (the all-to-all of (E7): max(intra, inter) + latency), so one variable X >= both parts."""
     prog = b.prog
     n = len(g.ranks)
     x_i = prog.var(f"XI[{family}{g.ranks[0]}]")
-    x_e = prog.var(f"XE[{family}{g.ranks[0]}]")
+    x_e = x_i if concurrent else prog.var(f"XE[{family}{g.ranks[0]}]")
     total = prog.var(f"T[{family}{g.ranks[0]}]")
     latency = {}
     for (N, k), sigma in g.shape.items():
@@ -104,7 +105,8 @@ def group_time(b, g: Group, fn, family: str) -> int:
             coef = b.t(fn(GroupLinks(n, INF, b.levels[level], N, k)) - base)
             if coef > 0:
                 prog.add({x_e: 1, sigma: -coef, zeta: -coef}, ">=", -coef, f"P6 {family} inter part")
-    prog.add({total: 1, x_i: -1, x_e: -1, **{s: -v for s, v in latency.items()}}, ">=", 0, f"P6 {family} time")
+    parts = {x_i: -1} if concurrent else {x_i: -1, x_e: -1}
+    prog.add({total: 1, **parts, **{s: -v for s, v in latency.items()}}, ">=", 0, f"P6 {family} time")
     return total
 
 

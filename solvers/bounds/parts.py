@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formulation.physics import cost
+from formulation.physics import cost, moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.physics.memory import memory_coefficients
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
-from formulation.physics.stage import dp_part_exposed, dp_sync_parts, layer_time, stage_constants
+from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
+                                       layer_time, stage_constants)
 
 INF = float("inf")
 
@@ -116,6 +117,23 @@ def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, p
     return best
 
 
+def expert_layer_floor(instance, p, intra: float, inter: float, max_nodes: int, per_node_cap: int,
+                       span: np.ndarray | None = None) -> float:
+    """(B3) The least forward expert communication of one layer any placement of `p`'s configuration can have:
+    the MoE layer share phi x (the least dispatch and combine of an ep group + the least gather and scatter of an
+    expert-tp group), each over every group shape at the cluster's fastest links (`best_group_time`). The
+    evaluator adds phi x (slowest ep + slowest etp) per layer (layer_time's `ep`), which is at least this."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    phi = moe_cost.moe_fraction(model)
+    if phi == 0:
+        return 0.0
+    ep = best_group_time(lambda lk: moe_cost.ep_layer_comm(model, job, p, lk, cluster), p.ep, intra, inter,
+                         max_nodes, per_node_cap, span=span)
+    etp = best_group_time(lambda lk: moe_cost.etp_layer_comm(model, job, p, lk, cluster), p.etp, intra, inter,
+                          max_nodes, per_node_cap, span=span)
+    return phi * (ep + etp)
+
+
 def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], layers: int, step: int,
                         fixed: dict[int, int] | None = None) -> float:
     """The smallest possible max_i (l_i u_i + extra_i) over partitions with l_i <= cap_i (memory), l_i a positive
@@ -179,6 +197,7 @@ class Parts:
     rounds: int
     optimizer: float
     span: np.ndarray = None  # see span_bandwidth
+    ep: float = 0.0  # (B3) least forward expert communication of one layer (mixture-of-experts)
     dp_cap: int = 0  # most members of one dp group on a node (0: per_node_cap)
     c_inter: float = 0.0  # one send over the fastest inter-node pair (c_min when that is the fastest pair)
     _constants: dict = field(default_factory=dict)
@@ -186,7 +205,7 @@ class Parts:
 
     def unit(self, tp: float, cp: float, ag: float, rs: float) -> float:
         lt = layer_time(stage_constants(self.instance, self.placement, 0, self.gpu_type),
-                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs)
+                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs, self.ep)
         return lt.forward + lt.backward
 
     def pipeline(self, us: list[float], fixed: dict[int, int] | None = None) -> float:
@@ -239,21 +258,32 @@ class Parts:
         smallest time over group shapes at these links with at most `per_node_cap` members on a node, the
         compute window that hides it, and whether it is overlapped."""
         n = self.config.dp * self.config.cp
-        if n == 1 or self.config.zero_stage >= 3:
+        if self.config.zero_stage >= 3:
             return []
-        cluster, cap = self.instance.cluster, per_node_cap or self.dp_cap or self.per_node_cap
+        cap = per_node_cap or self.dp_cap or self.per_node_cap
+        k = self.constants(stage)
+        # (B3) mixture-of-experts: the experts' gradients add the same collective over an expert-dp group, at
+        # its least time over every shape (any placement: the fastest links, not the cut's)
+        experts = expert_dp_messages(self.instance, self.placement, k, layers)
+        parts = dp_sync_parts(self.instance, self.placement, k, layers) if n > 1 else \
+            expert_only_parts(self.instance, k, layers, experts)
         out = []
-        for kind, message, overlapped, window in dp_sync_parts(self.instance, self.placement, self.constants(stage),
-                                                               layers):
-            key = (kind, message, inter, min_nodes, cap)
-            if key not in self._group_times:
-                def one(lk, kind=kind, message=message):
-                    return cost.collective_time(kind, message, lk, cluster)
-
-                self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes,
-                                                         self.span)
-            out.append((self._group_times[key], window, overlapped))
+        for kind, message, overlapped, window in parts:
+            time = self._least(kind, message, n, inter, min_nodes, cap) if message > 0 else 0.0
+            if kind in experts:
+                time += self._least(kind, experts[kind], self.placement.expert_dp, self.inter, 1, self.per_node_cap)
+            out.append((time, window, overlapped))
         return out
+
+    def _least(self, kind: str, message: float, n: int, inter: float, min_nodes: int, cap: int) -> float:
+        key = (kind, message, n, inter, min_nodes, cap)
+        if key not in self._group_times:
+            def one(lk):
+                return cost.collective_time(kind, message, lk, self.instance.cluster)
+
+            self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes,
+                                                     self.span)
+        return self._group_times[key]
 
     def dp_part_exposures(self, stage: int, layers: int, inter: float, min_nodes: int,
                           per_node_cap: int | None = None) -> list[float]:
@@ -335,7 +365,8 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
                              n, intra, inter, max_nodes, dp_cap, span=span)
         rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
                                                              cluster), n, intra, inter, max_nodes, dp_cap, span=span)
-    lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs)
+    ep = expert_layer_floor(instance, p, intra, inter, max_nodes, cap, span)
+    lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs, ep)
     P, v = config.pp, config.vpp
     m = job.global_batch_size // (config.micro_batch_size * config.dp)
     if caps is None:
@@ -357,4 +388,4 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     return Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
                   max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
                   m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=lt.forward + lt.backward, c_min=c_min, rounds=rounds,
-                  optimizer=optimizer, span=span, dp_cap=dp_cap, c_inter=c_inter)
+                  optimizer=optimizer, span=span, dp_cap=dp_cap, c_inter=c_inter, ep=ep)

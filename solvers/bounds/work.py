@@ -10,14 +10,18 @@ least the mean W / pp, so
 
     T >= W / pp x (m + (pp - 1) / vpp) + the smallest per-iteration overhead of any GPU type.
 
-f, b and out depend only on tp, cp, micro_batch_size and recompute (and the GPU type), so W is computed
-once per such combination. The bound ignores memory: the search applies it to configurations that fit.
+f, b and out depend only on tp, cp, micro_batch_size and recompute (and the GPU type; with experts on ep and
+etp too), so W is computed once per such combination. The bound ignores memory: the search applies it to
+configurations that fit. Mixture-of-experts (B3): every layer also pays at least (2 + rp) x the least expert
+communication of a layer over every group shape at the cluster's fastest links (`expert_layer_floor`).
 """
 
 from __future__ import annotations
 
 from formulation.physics.stage import stage_constants
 from formulation.space import Config, placement_for
+
+from solvers.bounds.parts import cluster_extremes, expert_layer_floor, span_bandwidth
 
 # Rounding guard: the bound is compared with evaluator times computed in another order of additions.
 _SAFETY = 1 - 1e-9
@@ -33,15 +37,18 @@ class WorkBound:
 
     def work(self, config: Config) -> float:
         """W: the compute of one micro-batch summed over all stages, in seconds."""
-        key = (config.tp, config.cp, config.micro_batch_size, config.recompute)
+        key = (config.tp, config.cp, config.micro_batch_size, config.recompute, config.ep, config.etp)
         if key not in self._work:
             inst = self.instance
             world = config.tp * config.pp * config.cp * config.dp
             p = placement_for(config, (1,) * config.pp, range(world))
             # the last stage's constants carry the output layer; per-layer terms are the same on every stage
             ks = [stage_constants(inst, p, config.pp - 1, g) for g in inst.cluster.gpu_types.values()]
-            self._work[key] = (inst.model.num_layers * min(k.f_compute + k.b_compute for k in ks)
-                               + 3 * min(k.output_fwd for k in ks))
+            cluster = inst.cluster
+            experts = expert_layer_floor(inst, p, *cluster_extremes(cluster), len(cluster.nodes),
+                                         max(n.num_gpus for n in cluster.nodes), span_bandwidth(cluster))
+            self._work[key] = (inst.model.num_layers * min(k.f_compute + k.b_compute + (2 + k.recompute_passes)
+                                                           * experts for k in ks) + 3 * min(k.output_fwd for k in ks))
         return self._work[key]
 
     def __call__(self, config: Config) -> float:

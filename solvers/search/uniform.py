@@ -81,10 +81,8 @@ BOUND_ONLY_BUDGET_S = 8.0
 
 
 def exact_is_tractable(instance) -> bool:
-    """The exact program encodes dense layers only: mixture-of-experts models (their expert-parallel groups) go to
-    the bound-only search, whose plans are scored by the evaluator and whose bound stays valid (docs/moe.md)."""
-    if instance.model.moe is not None or instance.model.mla is not None:
-        return False
+    """Small enough for the exact program (dense or mixture-of-experts: its expert groups are encoded too,
+    docs/moe.md)."""
     return instance.cluster.num_gpus * len(instance.cluster.uniform_classes()) <= MAX_EXACT_SIZE
 
 

@@ -1,0 +1,108 @@
+"""The exact program's expert groups (docs/programs.md (P14)-(P16), docs/moe.md (E7), (E9)): the expert-parallel
+dispatch and combine and the expert-tp gather and scatter of a stage's slowest such groups, entering the per-layer
+time as `formulation/physics/stage.py::layer_time(..., ep=...)` adds them, and the expert-data-parallel gradient
+sync that `stage.dp_sync` adds to the dense collective of the same kind. `b` is the program builder of
+`formulation/programs/exact.py`. Expert groups re-split each stage's tp x cp x dp ranks in the order etp-ep-edp
+(`Placement.expert_grid`), so their ranks come from the template placement like every other group's."""
+
+from __future__ import annotations
+
+import math
+
+from formulation.physics import cost, moe_cost
+from formulation.physics.cost import GroupLinks
+from formulation.physics.stage import expert_dp_messages
+from formulation.programs.exact_groups import INF, group_time, group_variables
+
+
+def expert_layer_comm(b, i: int) -> int | None:
+    """(P14) One MoE layer's forward expert communication of stage i, weighted by the MoE layer share phi (E1):
+    EP_i >= phi T_ep(g) for every expert-parallel group g (the all-to-all's two levels run at once: (P6) with
+    X >= each level's part), ETP_i >= phi T_etp(g) for every expert-tp group ((P6) as tp). Returns the variable
+    M_i = EP_i + ETP_i (None when the stage has no expert groups); the per-layer time adds (2 + rp) M_i."""
+    prog, inst, tpl, cluster = b.prog, b.inst, b.template, b.cluster
+    model, job = inst.model, inst.training
+    phi = moe_cost.moe_fraction(model)
+    if phi == 0 or (tpl.ep == 1 and tpl.etp == 1):
+        return None
+    total = prog.var(f"MOE[{i}]")
+    terms = {total: 1}
+    kinds = []
+    if tpl.ep > 1:
+        concurrent = job.moe_token_dispatcher == "alltoall"
+        kinds.append(("ep", tpl.moe_ep_groups(i), concurrent,
+                      lambda lk: phi * moe_cost.ep_layer_comm(model, job, tpl, lk, cluster)))
+    if tpl.etp > 1:
+        kinds.append(("etp", tpl.expert_tp_groups(i, tpl.ep, tpl.etp), False,
+                      lambda lk: phi * moe_cost.etp_layer_comm(model, job, tpl, lk, cluster)))
+    for name, groups, concurrent, fn in kinds:
+        slowest = prog.var(f"{name.upper()}[{i}]")
+        for ranks in groups:
+            g = group_variables(b, ranks, f"{name}{i}.")
+            t = group_time(b, g, fn, f"{name}{i}.", concurrent=concurrent)
+            prog.add({slowest: 1, t: -1}, ">=", 0, f"P14 slowest {name} group")
+        terms[slowest] = -1
+    prog.add(terms, ">=", 0, "P14 expert communication")
+    return total
+
+
+def expert_layer_upper_bound(b) -> float:
+    """phi x (ep + etp) forward time of the worst shape at the slowest level: a valid upper bound of M_i."""
+    inst, tpl, cluster = b.inst, b.template, b.cluster
+    model, job = inst.model, inst.training
+    slow = b.levels[0]
+
+    def worst(fn, n):
+        if n <= 1:
+            return 0.0
+        return max(fn(GroupLinks(n, slow, slow, N, kk), cluster) for N in range(1, n + 1)
+                   for kk in range(1, n // N + 1))
+
+    ep = worst(lambda lk, c: moe_cost.ep_layer_comm(model, job, tpl, lk, c), tpl.ep)
+    etp = worst(lambda lk, c: moe_cost.etp_layer_comm(model, job, tpl, lk, c), tpl.etp)
+    return moe_cost.moe_fraction(model) * (ep + etp)
+
+
+def expert_dp_groups(b, i: int) -> list:
+    """The expert-data-parallel groups' variables of stage i ((P4), (P5)); [] without expert-data parallelism."""
+    tpl = b.template
+    if moe_cost.moe_fraction(b.inst.model) == 0 or tpl.expert_dp == 1:
+        return []
+    return [group_variables(b, ranks, f"edp{i}.") for ranks in tpl.moe_expert_dp_groups(i)]
+
+
+def expert_sync_time(b, i: int, groups: list, kind: str, qs: list[int], name: str) -> int | None:
+    """(P15) The slowest expert-data-parallel group's `kind` collective of the expert gradients (E9) of stage i:
+    its message grows with the layer count, so as (P9) each group's parts are selected by (shape, level, layer
+    count) together: X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2). None if the stage syncs no experts."""
+    prog, cluster = b.prog, b.cluster
+    k = b.stage_constants[i]
+    messages = {q: expert_dp_messages(b.inst, b.template, k, q).get(kind, 0.0) for q in qs}
+    if not groups or not any(messages.values()):
+        return None
+    slowest = prog.var(f"EDP[{i},{name}]")
+    for g in groups:
+        n = len(g.ranks)
+        x_i, x_e, lat = (prog.var(f"{nm}[edp{g.ranks[0]},{name}]") for nm in ("XIedp", "XEedp", "Dedp"))
+        for q in qs:
+            lam = prog.layers[(i, q)]
+            for (N, kk), sigma in g.shape.items():
+                base = cost.collective_time(kind, messages[q], GroupLinks(n, INF, INF, N, kk), cluster)
+                prog.add({lat: 1, sigma: -b.t(base)}, ">=", 0, "P15 edp latency")
+                for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
+                    for level, zeta in table.items():
+                        bw = b.levels[level]
+                        links = GroupLinks(n, bw, INF, N, kk) if intra else GroupLinks(n, INF, bw, N, kk)
+                        coef = b.t(cost.collective_time(kind, messages[q], links, cluster) - base)
+                        if coef > 0:
+                            prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef, "P15 edp part")
+        prog.add({slowest: 1, x_i: -1, x_e: -1, lat: -1}, ">=", 0, "P15 slowest edp group")
+    return slowest
+
+
+def symmetric_unit(tpl) -> int:
+    """(P13) Ranks per interchangeable unit of a stage: permuting whole units (in every stage at once) keeps the
+    dp, cp, tp groups, the pipeline pairs and, with experts, the ep / etp groups (moved whole) and the edp
+    groups (as sets), when a unit holds whole dp replicas (tp x cp ranks) and whole expert blocks (ep x etp ranks):
+    the least common multiple of the two."""
+    return math.lcm(tpl.tp * tpl.cp, tpl.ep * tpl.etp)
