@@ -74,7 +74,10 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     incumbent = min((c.estimate.iteration_time_s for c in candidates if c.estimate is not None), default=INF)
     open_ = [c for c in candidates if c.lower_bound < (c.estimate.iteration_time_s if c.estimate else incumbent)
              * (1 - 1e-9)]
-    first = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound, c.config))
+    # plans in hand first, by estimated time; a configuration with none yet (its default split does not fit) by
+    # its bound, after them: a bound the time limit left at (B0) would otherwise jump the queue
+    first = sorted(open_, key=lambda c: (c.estimate is None, c.estimate.iteration_time_s if c.estimate else
+                                         c.lower_bound, c.config))
     first = first[:max(ANNEAL_CONFIGURATIONS, top)]
     now = time.perf_counter()
     timed = deadline != INF and moves is None
@@ -82,10 +85,13 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     for k, cand in enumerate(first):
         if time.perf_counter() >= deadline:
             break
+        # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it); a share too
+        # short to anneal in is not started (its relocation would only take time from the next phase)
+        share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
+        if share is not None and share < MIN_ANNEAL_S:
+            continue
         # relocation is a greedy pass of evaluate() calls: at most a tenth of what is left with a time limit
         _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10)
-        # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it)
-        share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
         count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance)
         if _anneal(instance, cand, result, seed, count, share, deadline):
             done.add(cand.config)
