@@ -205,13 +205,16 @@ def fast_bound(instance, config: Config, caps: list[int] | None = None, refined:
         if most >= heavy:
             loaded = min(loaded, whole.dp_range_floor(i, heavy, most))
     narrow_h = b.pipeline([b.u] * config.pp) + b.chain() + max(b.dp_floor(), loaded) + fixed
+    first = min(within, across)
     slow_h = INF
     for s in stages:
         us = [b.u] * config.pp
         us[s] = u_split
         for q in range(heavy, max(b.caps[s], 0) // v * v + 1, v):
+            if min(narrow_h, slow_h) <= first:  # the second split can no longer raise the bound: it is `first`
+                return first
             slow_h = min(slow_h, b.pipeline(us, {s: q}) + rest)
-    return max(min(within, across), min(narrow_h, slow_h))
+    return max(first, min(narrow_h, slow_h))
 
 
 def cut_bound(instance, config: Config) -> float:

@@ -17,6 +17,7 @@ would), drawn with MOVE_WEIGHTS (NODE_LEVEL_WEIGHTS where all GPUs of every node
            runs at its slowest link and the stage at its slowest group, so half-way states are no faster)
   nodes    all GPUs of two nodes exchanged (local index for local index); not for interchangeable nodes
   node_insert / node_reverse   Pipette's insert and segment-reverse over the order of whole nodes
+  critical a node of one of the slowest pairs of a most exposed stage's dp sync swapped with another stage's
   insert   one rank's GPU moved to another position within a window, the ranks between shifted by one
   reverse  a segment of the rank order (length <= window) reversed
   segment  a segment (length <= window / 2) moved past its neighbours within the window
@@ -28,10 +29,14 @@ the range they shift, so they are kept local to stay cheap. A proposal that chan
 redrawn (not counted).
 
 Acceptance: Metropolis on the change of predicted iteration time in seconds, exp(-delta / T). T0 is set from
-the spread of sampled moves (the median of the uphill deltas of 64 proposals from the start, / ln 2: a typical
-uphill move is accepted with probability 1/2), and cooling is geometric to T0 / 1000 over the move budget
-(max_moves), or over the time limit when only time_limit_s is given. Exact ties in time (frequent: a stage's
-time only sees its slowest group) are decided by Metropolis on the scorer's slack, the sum of all group
+the spread of sampled moves: of 64 proposals from the start, each move kind's median uphill delta, and the median
+of those with each kind weighing its share of the draws, / ln 2 (a typical uphill move is accepted with
+probability 1/2). The kinds differ by orders of magnitude (measured_32 from its start: a node move 1e-4 to 1e-3 s,
+a layer chunk 0.4 s, a GPU swap that splits a tp group 8 s), so the median of all samples pooled flipped to the
+coarse kinds whenever they were half the uphill samples (as likely as not there), and such a walk stayed hot,
+slow and random for most of its budget. Cooling is geometric to T0 / 1000 over the move budget (max_moves), or
+over the time limit when only time_limit_s is given. Exact ties in time (frequent: a stage's time only sees its
+slowest group) are decided by Metropolis on the scorer's slack, the sum of all group
 times, at a temperature calibrated and cooled the same way: it steers plateau moves towards faster groups
 without ever trading iteration time for it. After a stall of a tenth of the budget (2,000 moves without a
 budget) the walk restarts from the best state.
@@ -190,21 +195,34 @@ def _draw(moves_gen: Moves):
 
 
 def _initial_temperatures(sc, moves_gen: Moves, samples: int) -> tuple[float, float]:
-    """Initial temperatures from the spread of sampled move deltas (all rejected): for time, and for the slack
-    that breaks exact ties."""
-    uphill, tie_uphill = [], []
+    """Initial temperatures from the spread of sampled move deltas (all rejected): for time (a typical uphill
+    move, `_typical_uphill`), and for the slack that breaks exact ties."""
+    uphill, tie_uphill = {}, []
     for _ in range(samples):
         out = _draw(moves_gen)
         if out is None:
             break
         if out[1] is not None and out[1] > sc.total:
-            uphill.append(out[1] - sc.total)
+            uphill.setdefault(out[0], []).append(out[1] - sc.total)
         elif out[1] == sc.total and sc.pending_slack > sc.slack:
             tie_uphill.append(sc.pending_slack - sc.slack)
         sc.reject()
-    t0 = float(np.median(uphill)) / math.log(2) if uphill else max(sc.total * 1e-6, 1e-12)
+    t0 = _typical_uphill(uphill, moves_gen.weights) / math.log(2) if uphill else max(sc.total * 1e-6, 1e-12)
     s0 = float(np.median(tie_uphill)) / math.log(2) if tie_uphill else t0
     return t0, s0
+
+
+def _typical_uphill(uphill: dict, weights: dict) -> float:
+    """A typical uphill delta: each move kind's median uphill delta, and the median of those with each kind
+    weighing its share of the draws (not its share of the uphill samples: a kind whose moves are always uphill
+    would otherwise count for more than it is drawn)."""
+    medians = sorted((float(np.median(deltas)), weights[kind]) for kind, deltas in uphill.items())
+    half, seen = sum(w for _, w in medians) / 2, 0.0
+    for value, w in medians:
+        seen += w
+        if seen >= half:
+            return value
+    return medians[-1][0]
 
 
 def _accept(sc, total: float | None, rng, temperature: float, slack_temperature: float) -> bool:

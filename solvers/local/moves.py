@@ -3,13 +3,16 @@ placement (layer partition + rank-to-GPU permutation), each scored incrementally
 
 GPU-level moves (swap, pull, gather, insert, reverse, segment) act on single ranks; node-level moves act on
 whole nodes, after Pipette: `nodes` swaps two nodes, `node_insert` moves a node to another slot of the node
-order (the nodes between shift by one slot), `node_reverse` reverses a segment of the node order. The node
+order (the nodes between shift by one slot), `node_reverse` reverses a segment of the node order, `critical`
+swaps a node of one of the slowest inter-node pairs of a stage whose data-parallel sync is most exposed with a
+node of another stage (that sync runs at its slowest pair: a random swap rarely touches it). The node
 order is the order of the ranks their first GPUs serve; a node move relabels GPUs (local index for local index,
 between nodes of equal size), so it keeps every tp / cp group's intra-node structure and applies to any
 permutation, node-contiguous or not. On clusters whose structure is node-level (every node one uniform class:
-all GPUs of a node alike) and a start whose nodes serve contiguous blocks of ranks, the node moves get most of
-the weight (NODE_LEVEL_WEIGHTS): their space is much smaller; a scattered start keeps the GPU moves that repair it.
-`node_only=True` draws node moves and layer moves only (the Pipette-style baseline of `solve bench`).
+all GPUs of a node alike) and a start whose nodes serve contiguous blocks of ranks or whose tp groups each lie in
+one node, the node moves get most of the weight (NODE_LEVEL_WEIGHTS, node swaps critical ones): their space is
+much smaller; a start that splits tp groups keeps the GPU moves that repair it. `node_only=True` draws Pipette's
+node moves (random swaps, inserts, reverses) and layer moves only (PIPETTE_WEIGHTS: the baseline of `solve bench`).
 """
 
 from __future__ import annotations
@@ -19,14 +22,18 @@ import numpy as np
 from solvers.local.fast_score import FastScorer
 
 MOVE_WEIGHTS = {"swap": 0.15, "pull": 0.10, "gather": 0.20, "nodes": 0.10, "insert": 0.08, "reverse": 0.08,
-                "segment": 0.09, "layer": 0.20, "node_insert": 0.0, "node_reverse": 0.0}
+                "segment": 0.09, "layer": 0.20, "node_insert": 0.0, "node_reverse": 0.0, "critical": 0.0}
 # all GPUs of every node alike: most draws permute whole nodes (a much smaller space, and the moves keep the
 # groups' class multisets among few, so their scores come from the caches); a few GPU moves for groups that
-# should straddle nodes
-NODE_LEVEL_WEIGHTS = {"swap": 0.01, "pull": 0.01, "gather": 0.01, "nodes": 0.25, "insert": 0.004, "reverse": 0.003,
-                      "segment": 0.003, "layer": 0.25, "node_insert": 0.22, "node_reverse": 0.22}
-NODE_MOVES = ("nodes", "node_insert", "node_reverse")
+# should straddle nodes. The node swaps are critical ones (measured_64, 100,000 proposals from the search's
+# start, 4 seeds: median 8.078 s with random swaps, 8.067 s with critical ones; measured_32, 8 seeds: 7.955 s
+# and 7.957 s); where a stage's slowest figure is shared (leaf blocks) they are mostly redrawn, which is cheap
+NODE_LEVEL_WEIGHTS = {"swap": 0.01, "pull": 0.01, "gather": 0.01, "nodes": 0.0, "insert": 0.004, "reverse": 0.003,
+                      "segment": 0.003, "layer": 0.25, "node_insert": 0.22, "node_reverse": 0.22, "critical": 0.25}
+# node_only (Pipette's space and moves, the bench's node-SA baseline): random node swaps, inserts and reverses
+PIPETTE_WEIGHTS = {"nodes": 0.25, "layer": 0.25, "node_insert": 0.22, "node_reverse": 0.22}
 NODE_WINDOW = 8  # longest node segment an insert or reverse moves (each node moved rescores its groups)
+CRITICAL_PAIRS = 3  # a critical move takes a node of one of this many slowest pairs of an exposed stage
 
 class Moves:
     """Draws proposals on a FastScorer; keeps the inverse permutation up to date on commit."""
@@ -51,20 +58,28 @@ class Moves:
         enabled = {"swap": gpu_moves, "pull": gpu_moves and self.multi_node, "gather": gpu_moves and self.multi_node,
                    "nodes": node_moves, "insert": gpu_moves, "reverse": gpu_moves,
                    "segment": gpu_moves and self.window >= 4, "layer": layer_moves,
-                   "node_insert": node_moves and len(cl.nodes) > 2, "node_reverse": node_moves and len(cl.nodes) > 2}
+                   "node_insert": node_moves and len(cl.nodes) > 2, "node_reverse": node_moves and len(cl.nodes) > 2,
+                   "critical": node_moves and scorer.dp * scorer.cp > 1}
         self.reset_inverse()
-        # every node one uniform class (all its GPUs alike) and the start serves whole nodes: node moves first
+        # every node one uniform class (all its GPUs alike) and the start node-aligned (_node_aligned): node moves first
         node_level = len(set(self.cls)) == len(cl.nodes) and self._node_aligned()
-        weights = NODE_LEVEL_WEIGHTS if node_level or node_only else MOVE_WEIGHTS
-        self.kinds = [k for k, on in enabled.items() if on and weights[k] > 0
-                      and (not node_only or k in NODE_MOVES or k == "layer")]
+        weights = PIPETTE_WEIGHTS if node_only else NODE_LEVEL_WEIGHTS if node_level else MOVE_WEIGHTS
+        self.kinds = [k for k, on in enabled.items() if on and weights.get(k, 0) > 0]
         self._order = None  # node order (by the rank its first GPU serves), recomputed after a map move
+        self.weights = {k: weights[k] for k in self.kinds}
         w = np.array([weights[k] for k in self.kinds])
         self.cum = np.cumsum(w / w.sum()) if self.kinds else np.array([])
         self.reset_inverse()
 
     def _node_aligned(self) -> bool:
-        """Whether every node's GPUs serve one contiguous block of ranks (or no rank): node moves keep that."""
+        """Whether every node's GPUs serve one contiguous block of ranks (or no rank), or every tp group (of
+        more than one GPU) lies inside one node: node moves keep either. An annealed map is often the second
+        (a GPU move that shifts whole tp groups between nodes); a start that splits tp groups across nodes is
+        what the GPU moves repair."""
+        node_of, perm, tp = self.node_of, self.sc.perm, self.sc.tp
+        if tp > 1 and all(len({node_of[perm[x]] for x in range(lo, lo + tp)}) == 1
+                          for lo in range(0, self.world, tp)):
+            return True
         for gpus in self.node_gpus:
             ranks = sorted(self.pos_of[g] for g in gpus if self.pos_of[g] < self.world)
             if ranks and ranks[-1] - ranks[0] != len(ranks) - 1:
@@ -168,6 +183,46 @@ class Moves:
                     changes[self.pos_of[ga]] = gb
                     changes[self.pos_of[gb]] = ga
                 return changes
+        return None
+
+    def _critical(self):
+        """Pipette's node swap aimed at the bottleneck: a stage whose data-parallel sync is exposed within 1 % of
+        the most, one of the CRITICAL_PAIRS slowest inter-node pairs among its GPUs' nodes (the slowest binds the
+        sync; the next ones bind once it is gone), and one node of that pair swapped with a node of another
+        stage. The sync of a stage runs at its slowest pair, so a random swap rarely touches what decides it.
+        Where no stage's sync is exposed: an end of the slowest send across a random pipeline boundary."""
+        sc, rng = self.sc, self.rng
+        top = max(st[1] for st in sc.stages)
+        if top <= 0:
+            if not sc.pairs:
+                return None
+            j = int(rng.integers(len(sc.pairs)))
+            q = sc.pairs[j].index(sc.pair_max[j])
+            ends = (j * sc.S + q, ((j + 1) % sc.pp) * sc.S + q)
+            return self._swap_node(self.node_of[sc.perm[ends[int(rng.integers(2))]]], set())
+        near = [i for i in range(sc.pp) if sc.stages[i][1] >= 0.99 * top]
+        stage = near[int(rng.integers(len(near)))]
+        nodes = np.unique([self.node_of[g] for g in sc.perm[stage * sc.S:(stage + 1) * sc.S]])
+        if len(nodes) < 2:
+            return None
+        links = np.array(sc.cluster.inter_gb_per_s[np.ix_(nodes, nodes)], dtype=float)
+        links[np.triu_indices(len(nodes))] = np.inf  # each pair once
+        lows = np.argwhere(links == links.min())
+        if len(lows) > 1:  # the slowest figure shared: only a node in all those pairs can lift it, if any
+            common = set(lows[0].tolist()).intersection(*(set(p.tolist()) for p in lows[1:]))
+            return self._swap_node(int(nodes[min(common)]), set(nodes.tolist())) if common else None
+        pairs = len(nodes) * (len(nodes) - 1) // 2
+        slowest = np.argsort(links, axis=None, kind="stable")[:min(CRITICAL_PAIRS, pairs)]
+        pair = np.unravel_index(int(slowest[int(rng.integers(len(slowest)))]), links.shape)
+        return self._swap_node(int(nodes[pair[int(rng.integers(2))]]), set(nodes.tolist()))
+
+    def _swap_node(self, a: int, avoid: set):
+        """Node a swapped with a random node outside `avoid` of another class and as many GPUs (8 tries)."""
+        for _ in range(8):
+            b = int(self.rng.integers(len(self.node_gpus)))
+            if b != a and b not in avoid and self.node_class[a] != self.node_class[b] \
+                    and len(self.node_gpus[a]) == len(self.node_gpus[b]):
+                return self._relabel([a, b], [b, a])
         return None
 
     def _node_order(self) -> list[int]:

@@ -54,8 +54,11 @@ GAP_BUDGET_S = 60.0
 # first); phase 2 gets the rest. A short budget is best spent deep on the plan most likely to win.
 PHASE1_SHARES = (0.5, 0.1, 0.1)
 # ... and at most this many times ANNEAL_MOVES (64 GPUs converge in a few seconds: the rest of a long budget
-# is better spent on the configurations the bound leaves open)
+# is better spent on the configurations the bound leaves open), times (classes / PHASE1_NODE_CLASSES)^2 where the
+# cluster has more node classes than that (nodes that are not interchangeable): the node orders an anneal must
+# sort grow with them, and on measured_32 (32 classes) a single anneal still improves after 100,000 proposals
 PHASE1_MOVES_FACTOR = 4
+PHASE1_NODE_CLASSES = 8
 # with a time limit, the last share of what phase 2 starts with goes to one clock-driven anneal of the best plan
 # found (depth where the winner is, after breadth where the bound points)
 FINAL_SHARE = 0.3
@@ -71,7 +74,10 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     incumbent = min((c.estimate.iteration_time_s for c in candidates if c.estimate is not None), default=INF)
     open_ = [c for c in candidates if c.lower_bound < (c.estimate.iteration_time_s if c.estimate else incumbent)
              * (1 - 1e-9)]
-    first = sorted(open_, key=lambda c: (c.estimate.iteration_time_s if c.estimate else c.lower_bound, c.config))
+    # plans in hand first, by estimated time; a configuration with none yet (its default split does not fit) by
+    # its bound, after them: a bound the time limit left at (B0) would otherwise jump the queue
+    first = sorted(open_, key=lambda c: (c.estimate is None, c.estimate.iteration_time_s if c.estimate else
+                                         c.lower_bound, c.config))
     first = first[:max(ANNEAL_CONFIGURATIONS, top)]
     now = time.perf_counter()
     timed = deadline != INF and moves is None
@@ -79,11 +85,14 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     for k, cand in enumerate(first):
         if time.perf_counter() >= deadline:
             break
+        # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it); a share too
+        # short to anneal in is not started (its relocation would only take time from the next phase)
+        share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
+        if share is not None and share < MIN_ANNEAL_S:
+            continue
         # relocation is a greedy pass of evaluate() calls: at most a tenth of what is left with a time limit
         _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10)
-        # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it)
-        share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
-        count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES
+        count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance)
         if _anneal(instance, cand, result, seed, count, share, deadline):
             done.add(cand.config)
     if time.perf_counter() >= deadline:
@@ -102,10 +111,16 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
         result.stopped = "time limit"
 
 
+def class_scale(instance) -> int:
+    """How many times ANNEAL_MOVES an anneal needs with a time limit: (node classes / PHASE1_NODE_CLASSES)^2,
+    at least 1."""
+    return max(1, round((len(instance.cluster.interchangeable_nodes()) / PHASE1_NODE_CLASSES) ** 2))
+
+
 def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end, rounds: int,
             move_budget: float) -> None:
     """Phase 2 (module docstring): at most `rounds` rounds and `move_budget` proposals, until `budget_end`."""
-    base = moves or ANNEAL_MOVES
+    base = moves or ANNEAL_MOVES * class_scale(instance)
     spent = 0  # proposals given to phase 2's anneals
     for r in range(rounds):
         order = sorted((c for c in candidates if not prunes(c.lower_bound, kth_of(candidates, top))),

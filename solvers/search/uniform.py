@@ -76,6 +76,10 @@ AUTO_PROGRAM_LIMIT_S = 60.0
 # Without the exact program and without --time-limit, time spent (after the enumeration) re-partitioning default maps
 # (solvers/local/partition.py), most promising configurations first.
 BOUND_ONLY_BUDGET_S = 8.0
+# With --time-limit, (B1) and (B2) are raised during at most this share of it: what they leave keeps its work
+# bound (valid, weaker), and a loaded machine cannot spend the whole budget proving before any placement is
+# searched (measured_64 at 10 s: the bounds take about 3 s alone, 9 s with three other jobs on the 2 cores)
+BOUND_SHARE = 0.5
 # Beyond the exact program, placements are annealed (solvers/search/close_gap.py: ANNEAL_MOVES proposals each without a
 # time limit, deterministic per seed): the GPU map matters where links differ (slow NICs, measured pairs).
 
@@ -97,7 +101,8 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
     result = SearchResult(method=solver if exact else "bound-only")
     candidates: list[Candidate] = []
     with interruptible(result):
-        if _enumerate(instance, candidates, result, deadline, top):
+        bounds_until = start + BOUND_SHARE * time_limit_s if time_limit_s else INF
+        if _enumerate(instance, candidates, result, deadline, top, bounds_until):
             _solve_candidates(instance, candidates, result, solver, deadline, start, time_limit_s, threads, seed,
                               top, progress, exact, anneal_moves, refine, program_limit_s)
     result.candidates = len(candidates)
@@ -122,11 +127,13 @@ def search(instance, solver: str = "cbc", time_limit_s: float | None = None, thr
     return result
 
 
-def _enumerate(instance, candidates: list[Candidate], result: SearchResult, deadline: float, top: int) -> bool:
+def _enumerate(instance, candidates: list[Candidate], result: SearchResult, deadline: float, top: int,
+               bounds_until: float = INF) -> bool:
     """Every configuration: memory pruning, the work bound (B0) and the default placement as an upper bound;
     then (B1) and (B2) where they matter, most promising first. Every candidate holds a valid lower bound at
     every moment, so a time limit anywhere leaves an honest global bound. False if the time limit ended the
-    first pass (after a first plan exists); `result.unseen_bound_s` then bounds the configurations not reached."""
+    first pass (after a first plan exists); `result.unseen_bound_s` then bounds the configurations not reached.
+    (B1) and (B2) stop at `bounds_until`."""
     work_bound = WorkBound(instance)
     configs = list(configurations(instance))
     shortfall = None
@@ -146,7 +153,7 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
             raise InfeasibleError("no configuration matches the cluster and batch: global_batch_size must be "
                                   "divisible by some data-parallel size dp (and tp, pp, cp must divide the GPU count)")
         raise InfeasibleError(f"no configuration fits in memory; the closest is {shortfall[1]}")
-    _raise_bounds(instance, candidates, result, deadline, top)
+    _raise_bounds(instance, candidates, result, deadline, top, bounds_until)
     return True
 
 
@@ -177,18 +184,22 @@ def _first_pass(instance, config: Config, candidates: list[Candidate], result: S
     return shortfall
 
 
-def _raise_bounds(instance, candidates: list[Candidate], result: SearchResult, deadline: float, top: int) -> None:
+def _raise_bounds(instance, candidates: list[Candidate], result: SearchResult, deadline: float, top: int,
+                  until: float = INF) -> None:
     """(B1), then (B2), each only where the bound so far leaves a configuration able to beat the K-th best
     default placement, smallest bound first (so that a time limit leaves the global bound as high as the
-    time allowed). Each bound is valid alone, so a configuration keeps the larger."""
+    time allowed), until `until` (BOUND_SHARE) or the deadline. Each bound is valid alone, so a configuration
+    keeps the larger; the bounds reached when time runs out stay: valid, only weaker."""
     upper = kth_of(candidates, top)
     for refine in (lambda c: lower_bound(instance, c.config, c.caps), lambda c: cut_bound(instance, c.config)):
         candidates.sort(key=lambda c: (c.lower_bound, c.config))
         for cand in candidates:
             if cand.lower_bound >= upper:
                 break  # sorted: no later one can beat the K-th best either
-            if time.perf_counter() >= deadline:
-                result.stopped = "time limit"  # the bounds reached stay: valid, only weaker
+            if time.perf_counter() >= min(deadline, until):
+                if time.perf_counter() >= deadline:
+                    result.stopped = "time limit"
+                candidates.sort(key=lambda c: (c.lower_bound, c.config))
                 return
             cand.lower_bound = max(cand.lower_bound, refine(cand))
     candidates.sort(key=lambda c: (c.lower_bound, c.config))

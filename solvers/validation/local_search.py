@@ -13,7 +13,8 @@ measured.
 
 `node_sa(instance, config, time_limit_s, seed)`: the annealer restricted to node moves and layer moves from the
 configuration's default map (Pipette's search space: whole nodes permuted, layers moved across stage
-boundaries).
+boundaries), calibrated as the planner's annealer is (Pipette sets its initial temperature by hand; the
+baseline takes the same automatic rule as `auto`, so that a better rule cannot favour one side).
 """
 
 from __future__ import annotations
