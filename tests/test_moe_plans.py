@@ -209,3 +209,33 @@ def test_mixed_type_moe_instance_keeps_expert_groups_inside_nodes():
     for stage in range(p.pp):
         for group in p.moe_ep_groups(stage):
             assert len({int(node[g]) for g in group}) == 1, (stage, group)
+
+
+@pytest.mark.parametrize("seed,nodes,per_node", [(0, 2, 4), (1, 2, 4), (2, 4, 2), (3, 4, 4)])
+def test_expert_group_split_bound_never_exceeds_evaluated_placements(seed, nodes, per_node):
+    """(B3)'s case split on the ep groups (docs/programs.md): the bounds with it stay <= evaluate() on random maps
+    and on maps keeping every ep group inside a node (node-contiguous maps of shuffled nodes, where case (i) is
+    the binding one), and the split raises the bound of some configuration (so it is exercised)."""
+    from solvers.bounds.configs import _tp_split, cut_bound, fast_bound  # the split alone, for the exercise check
+    inst = moe_instance(nodes=nodes, per_node=per_node, seed=seed)
+    rng = np.random.default_rng(seed)
+    L, n = inst.model.num_layers, inst.cluster.num_gpus
+    checked = raised = 0
+    for config in configurations(inst):
+        if config.ep == 1 or config.vpp > 1:
+            continue
+        bound = max(fast_bound(inst, config), cut_bound(inst, config))
+        raised += bound > _tp_split(inst, config, None, False) * (1 + 1e-9)
+        for trial in range(8):
+            cuts = sorted(rng.choice(np.arange(1, L), config.pp - 1, replace=False).tolist())
+            layers = [b - a for a, b in zip([0] + cuts, cuts + [L])]
+            if trial % 2:
+                gpus = rng.permutation(n).tolist()
+            else:  # whole nodes in a random order, GPUs shuffled inside each node
+                gpus = [node * per_node + g for node in rng.permutation(nodes) for g in rng.permutation(per_node)]
+            est = evaluate(inst, placement_for(config, layers, gpus), check=False)
+            if est.fits:
+                assert bound <= est.iteration_time_s * (1 + 1e-9), (config, bound, est.iteration_time_s)
+                checked += 1
+    assert checked >= 20
+    assert raised >= 1

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from formulation.physics import cost
 from formulation.space import Config
 
-from solvers.bounds.parts import INF, Parts, stage_parts, best_group_time, weakest_cuts
+from solvers.bounds.parts import (INF, Parts, best_group_time, expert_layer_floor, least_slowest_stage, stage_parts,
+                                  weakest_cuts)
 
 
 def _chain_split(w: Parts, b: Parts, us: list[float], split: set, floor: float, fixed: float,
@@ -166,11 +167,65 @@ def _several_slow_stages(b: Parts, representative: dict, u_split: float, rest: f
 def fast_bound(instance, config: Config, caps: list[int] | None = None, refined: bool = False) -> float:
     """(B1) pipeline + chain + dp sync + optimizer + overhead, each at its best over partitions and maps: the
     smaller of (i) every tp group inside a node (`stage_parts(whole_tp=True)`) and (ii) some tp group across nodes,
-    whose stage then runs at that tp group's time (everything else at its unrestricted best).
+    whose stage then runs at that tp group's time (everything else at its unrestricted best). With experts, the
+    larger of that and the same split on the ep groups (`_expert_split`).
 
     `refined` (part of (B2), costlier): (i) with the chain split of `_chain_split`, and (ii) by how many stages
     have a tp group across nodes (`_split_tp_bound`)."""
+    return max(_tp_split(instance, config, caps, refined), _expert_split(instance, config, caps, refined))
+
+
+def _expert_split(instance, config: Config, caps: list[int] | None, refined: bool) -> float:
+    """(B3) A case split on the expert-parallel groups, each case bounded from below: (i) every ep group lies
+    inside a node, so a node holds whole ep groups: at most cap // ep members of an expert-dp group (its members
+    lie in distinct ep groups) and, when cap < 2 ep, the ranks of one stage only, so every stage-to-stage send
+    crosses nodes (`_tp_split` on `stage_parts(whole_ep=True)`); (ii) the set S of stages with an ep group across
+    nodes is not empty: each runs no faster than the least ep time over shapes of two or more nodes, on every
+    layer, and every other stage keeps its ep groups inside nodes, so (i) holds for it: by |S| = k, the
+    pipeline with k slow stages anywhere (`_pipeline_any`), at most 2k boundaries touching S at the fastest
+    pair and the others as in (i), and a dp exposure at least the (k + 1)-th largest of the stages' narrow
+    floors (some stage outside S has one at least that large); and some stage h holds at least ceil(L / pp)
+    layers: h in S (the slowest stage then takes at least m x that many slow layers) or h outside S (its
+    narrow exposure at that many layers counts). -INF where there is nothing to split."""
+    cluster = instance.cluster
+    cap = max(n.num_gpus for n in cluster.nodes)
+    if config.ep <= 1 or len(cluster.nodes) == 1:
+        return -INF
+    inside = _tp_split(instance, config, caps, refined, whole_ep=True) if config.ep <= cap else INF
     b = stage_parts(instance, config, caps=caps)
+    w = stage_parts(instance, config, caps=b.caps, whole_ep=True)
+    slow = b.unit(b.tp, b.cp, b.ag, b.rs, expert_layer_floor(instance, b.placement, b.intra, b.inter, b.max_nodes,
+                                                             b.per_node_cap, b.span, ep_min_nodes=2))
+    P, pairs = config.pp, len(b.boundaries())
+    floors = sorted((w.stage_dp_floor(i) for i in range(P)), reverse=True) if config.ep <= cap else [0.0] * P
+    base, fixed = b.dp_floor(), b.optimizer + b.gpu_type.iteration_overhead_s
+    heavy = math.ceil(instance.model.num_layers / P / config.vpp) * config.vpp
+    loaded = min(_loaded_exposures(w, P, config.vpp, heavy)) if config.ep <= cap else 0.0
+    across = INF
+    for k in range(1, P + 1):
+        touching = min(pairs, 2 * k)
+        rest = w.chain_of([b.c_min] * touching + [w.c_min] * (pairs - touching)) + fixed
+        pipe, dp = _pipeline_any(b, k, slow), max(base, floors[k] if k < P else 0.0)
+        across = min(across, pipe + rest + max(dp, loaded), max(pipe, b.m * heavy * slow) + rest + dp)
+    return min(inside, across)
+
+
+def _pipeline_any(b: Parts, k: int, slow: float) -> float:
+    """(C9) with k of the stages at `slow` per layer, wherever they sit: a lower bound that forgets which (every
+    stage at the largest memory cap and no extra in the slowest stage, which only lowers M; S counts the extras
+    and each slow stage's least layers)."""
+    P, v, L = b.config.pp, b.config.vpp, b.instance.model.num_layers
+    us = [max(slow, b.u)] * k + [b.u] * (P - k)
+    M = least_slowest_stage(us, [0.0] * P, [max(b.caps)] * P, L, v)
+    if M == INF:
+        return INF
+    S = b.u * L + sum(b.extras) + (us[0] - b.u) * v * k
+    return b.m * M + (max(S, M) - M) / v
+
+
+def _tp_split(instance, config: Config, caps: list[int] | None, refined: bool, whole_ep: bool = False) -> float:
+    """`fast_bound`'s split on the tp groups; `whole_ep`: over the placements whose ep groups lie inside nodes."""
+    b = stage_parts(instance, config, caps=caps, whole_ep=whole_ep)
     fixed = b.optimizer + b.gpu_type.iteration_overhead_s
     rest = b.chain() + b.dp_floor() + fixed
     P = config.pp
@@ -178,7 +233,7 @@ def fast_bound(instance, config: Config, caps: list[int] | None = None, refined:
         return b.pipeline([b.u] * P) + rest  # (ii) is certain, or there are no nodes to span: (B1) as is
     if config.tp == 1:  # (i) is certain
         return _chain_split(b, b, [b.u] * P, set(), b.dp_floor(), fixed) if refined else b.pipeline([b.u] * P) + rest
-    whole = stage_parts(instance, config, whole_tp=True, caps=b.caps)
+    whole = stage_parts(instance, config, whole_tp=True, caps=b.caps, whole_ep=whole_ep)
     model, job, p, cluster = instance.model, instance.training, b.placement, instance.cluster
     split = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, b.intra, b.inter,
                             b.max_nodes, b.per_node_cap, 2, b.span)

@@ -118,17 +118,18 @@ def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, p
 
 
 def expert_layer_floor(instance, p, intra: float, inter: float, max_nodes: int, per_node_cap: int,
-                       span: np.ndarray | None = None) -> float:
+                       span: np.ndarray | None = None, ep_min_nodes: int = 1) -> float:
     """(B3) The least forward expert communication of one layer any placement of `p`'s configuration can have:
     the MoE layer share phi x (the least dispatch and combine of an ep group + the least gather and scatter of an
     expert-tp group), each over every group shape at the cluster's fastest links (`best_group_time`). The
-    evaluator adds phi x (slowest ep + slowest etp) per layer (layer_time's `ep`), which is at least this."""
+    evaluator adds phi x (slowest ep + slowest etp) per layer (layer_time's `ep`), which is at least this.
+    `ep_min_nodes`: only ep groups over at least that many nodes (a stage with an ep group across nodes)."""
     model, job, cluster = instance.model, instance.training, instance.cluster
     phi = moe_cost.moe_fraction(model)
     if phi == 0:
         return 0.0
     ep = best_group_time(lambda lk: moe_cost.ep_layer_comm(model, job, p, lk, cluster), p.ep, intra, inter,
-                         max_nodes, per_node_cap, span=span)
+                         max_nodes, per_node_cap, ep_min_nodes, span=span)
     etp = best_group_time(lambda lk: moe_cost.etp_layer_comm(model, job, p, lk, cluster), p.etp, intra, inter,
                           max_nodes, per_node_cap, span=span)
     return phi * (ep + etp)
@@ -199,13 +200,14 @@ class Parts:
     span: np.ndarray = None  # see span_bandwidth
     ep: float = 0.0  # (B3) least forward expert communication of one layer (mixture-of-experts)
     dp_cap: int = 0  # most members of one dp group on a node (0: per_node_cap)
+    edp_cap: int = 0  # most members of one expert-dp group on a node (0: per_node_cap)
     c_inter: float = 0.0  # one send over the fastest inter-node pair (c_min when that is the fastest pair)
     _constants: dict = field(default_factory=dict)
     _group_times: dict = field(default_factory=dict)
 
-    def unit(self, tp: float, cp: float, ag: float, rs: float) -> float:
+    def unit(self, tp: float, cp: float, ag: float, rs: float, ep: float | None = None) -> float:
         lt = layer_time(stage_constants(self.instance, self.placement, 0, self.gpu_type),
-                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs, self.ep)
+                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs, self.ep if ep is None else ep)
         return lt.forward + lt.backward
 
     def pipeline(self, us: list[float], fixed: dict[int, int] | None = None) -> float:
@@ -271,7 +273,8 @@ class Parts:
         for kind, message, overlapped, window in parts:
             time = self._least(kind, message, n, inter, min_nodes, cap) if message > 0 else 0.0
             if kind in experts:
-                time += self._least(kind, experts[kind], self.placement.expert_dp, self.inter, 1, self.per_node_cap)
+                time += self._least(kind, experts[kind], self.placement.expert_dp, self.inter, 1,
+                                    self.edp_cap or self.per_node_cap)
             out.append((time, window, overlapped))
         return out
 
@@ -334,10 +337,13 @@ class Parts:
         return max(best, loaded if loaded < INF else 0.0)
 
 
-def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None) -> Parts:
+def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None,
+                whole_ep: bool = False) -> Parts:
     """The pieces of (B1). `whole_tp`: under the assumption that every tp group lies inside one node (so a node
     holds whole tp groups: at most gpus-per-node / tp members of any dp or cp group, and no two pipeline stages
-    when it holds a single tp group)."""
+    when it holds a single tp group). `whole_ep` likewise for the expert-parallel groups (B3): a node holds whole
+    ep groups, at most gpus-per-node / ep members of any expert-dp group (whose members lie in distinct ep
+    groups), and no two pipeline stages when it cannot hold two ep groups."""
     model, job, cluster = instance.model, instance.training, instance.cluster
     p = placement_for(config, even_split(model.num_layers, config.pp), range(cluster.num_gpus))
     gpu_type = min(cluster.gpu_types.values(), key=lambda g: cost.layer_compute(model, job, p, g).forward)
@@ -349,6 +355,8 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     span = span_bandwidth(cluster)
     whole_tp = whole_tp and config.tp <= cap
     dp_cap = cap // config.tp if whole_tp else cap  # members of one dp (or cp) group on a node
+    whole_ep = whole_ep and 1 < config.ep <= cap
+    edp_cap = cap // config.ep if whole_ep else cap  # members of one expert-dp group on a node
     tp = best_group_time(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp, intra, inter,
                          1 if whole_tp else max_nodes, cap, span=span)
     cp = 0.0
@@ -376,7 +384,7 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
         sp = job.sequence_parallel_size(config.tp)
         message = cost.activation_message_bytes(model, job, p) / sp
         c_inter = cost.p2p_time(message, inter, False, cluster) if inter != INF else INF
-        if whole_tp and dp_cap < 2 or intra == INF:  # one tp group per node: stage neighbours on other nodes
+        if whole_tp and dp_cap < 2 or whole_ep and edp_cap < 2 or intra == INF:  # one tp (ep) group a node
             c_min = c_inter
         else:  # the faster of an intra-node and an inter-node send, each with its own latency
             c_min = min(c_inter, cost.p2p_time(message, intra, True, cluster))
@@ -388,4 +396,4 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     return Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
                   max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
                   m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=lt.forward + lt.backward, c_min=c_min, rounds=rounds,
-                  optimizer=optimizer, span=span, dp_cap=dp_cap, c_inter=c_inter, ep=ep)
+                  optimizer=optimizer, span=span, dp_cap=dp_cap, c_inter=c_inter, ep=ep, edp_cap=edp_cap)
