@@ -183,7 +183,10 @@ def test_program_equals_evaluator_with_new_terms(variant, seed):
     assert programs_match_evaluator(instance_from_dict(data), name, every=4 if seed == 1 else 1) >= 3
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+# fp8's brute-force family takes CP-SAT about a minute (a heavy-tailed single solve, issue 19): with the slow
+# checks, so that the quick suite stays under 5 minutes on 2 cores; its program = evaluator check stays quick
+@pytest.mark.parametrize("variant", [v if v != "fp8" else pytest.param(v, marks=pytest.mark.slow)
+                                     for v in sorted(VARIANTS)])
 def test_exact_search_equals_brute_force_with_new_terms(variant):
     data, node_level = _variant(7, variant)
     instance = instance_from_dict(data)
