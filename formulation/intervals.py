@@ -29,3 +29,8 @@ def prediction_interval(iteration_time_s: float) -> tuple[float, float] | None:
     if q is None:
         return None
     return iteration_time_s * math.exp(-q[1]), iteration_time_s * math.exp(-q[0])
+
+
+def intervals_overlap(best, other) -> bool:
+    """Whether a runner-up's interval reaches into the best plan's: the two are then a tie (`--top K`)."""
+    return bool(best and other and other[0] <= best[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from formulation.evaluate import Estimate
+from formulation.intervals import intervals_overlap
 from formulation.placement import Placement
 
 
@@ -51,8 +52,6 @@ class PlanResult:
         if self.alternatives:
             mine = self.estimate.iteration_time_interval_s
             out["alternatives"] = [{"placement": p.to_dict(cluster), "estimate": e.to_dict(),
-                                    # its p10-p90 interval overlaps the plan's (solvers/outputs/report.py tie_note)
-                                    "tie_with_best": bool(mine and e.iteration_time_interval_s
-                                                          and e.iteration_time_interval_s[0] <= mine[1])}
+                                    "tie_with_best": intervals_overlap(mine, e.iteration_time_interval_s)}
                                    for p, e in self.alternatives]
         return out

@@ -187,9 +187,8 @@ def _expert_split(instance, config: Config, caps: list[int] | None, refined: boo
     floors (some stage outside S has one at least that large); and some stage h holds at least ceil(L / pp)
     layers: h in S (the slowest stage then takes at least m x that many slow layers) or h outside S (its
     narrow exposure at that many layers counts). -INF where there is nothing to split."""
-    cluster = instance.cluster
-    cap = max(n.num_gpus for n in cluster.nodes)
-    if config.ep <= 1 or len(cluster.nodes) == 1:
+    cap, nodes = max(n.num_gpus for n in instance.cluster.nodes), len(instance.cluster.nodes)
+    if config.ep <= 1 or nodes == 1:
         return -INF
     inside = _tp_split(instance, config, caps, refined, whole_ep=True) if config.ep <= cap else INF
     b = stage_parts(instance, config, caps=caps)

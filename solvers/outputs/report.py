@@ -13,6 +13,7 @@ from rich.table import Table
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
 from formulation.inputs.gpus import gpu_catalog
+from formulation.intervals import intervals_overlap
 from formulation.placement import Placement
 
 
@@ -84,7 +85,7 @@ def tie_note(best: Estimate, other: Estimate) -> str:
     breakdown that separate them (largest differences first). The intervals are one cluster's error band: plans
     on the same cluster and stack share most of it, so the breakdown says where the ranking comes from."""
     mine, theirs = best.iteration_time_interval_s, other.iteration_time_interval_s
-    if not mine or not theirs or theirs[0] > mine[1]:
+    if not intervals_overlap(mine, theirs):
         return ""
     parts = sorted(((other.breakdown.get(k, 0.0) - v, k) for k, v in best.breakdown.items()),
                    key=lambda dv: -abs(dv[0]))
