@@ -168,7 +168,9 @@ class TestOneWayUnevenAgainstBruteForce:
         assert result.estimate.iteration_time_s == pytest.approx(expected, rel=1e-6)
         assert result.solver.bound_s <= expected * (1 + 1e-9)
 
-    @pytest.mark.parametrize("seed", [s if s < 1 else pytest.param(s, marks=pytest.mark.slow) for s in SEEDS[:6]])
+    # every configuration's program against brute force: with the slow checks (CP-SAT took 33 s on seed 0 alone,
+    # a heavy-tailed single solve); the quick suite keeps the search = brute force on all 12 seeds above
+    @pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.slow) for s in SEEDS[:6]])
     def test_program_optimum_of_every_configuration(self, backend, seed):
         assert check_program_per_configuration(backend, seed, False) >= 2
 
