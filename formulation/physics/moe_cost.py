@@ -183,15 +183,19 @@ def layer_params_per_gpu(model, p, heaviest: bool = False) -> tuple[float, float
     return attention + (1 - share) * dense + share * moe_layer, share * experts
 
 
-def model_flops(model, sequences: float, seq: int) -> float:
+def model_flops(model, sequences: float, seq: int, causal: bool = False) -> float:
     """(E8) One iteration's model FLOPs as Megatron-LM counts them (forward + backward = 3 x forward, full
     attention, no recompute), with the active weights of each layer: attention, dense MLP or shared + top-k
-    experts + router; attention core 2 s (d_qk + d_v) per head and token; the output layer."""
+    experts + router; attention core 2 s (d_qk + d_v) per head and token (`causal`: half of it, as newer
+    Megatron-LM counts); the output layer."""
     if not is_moe(model):
+        if causal:
+            raise ValueError("the causal attention count is defined for MoE / MLA models only")
         return model.megatron_model_flops(sequences, seq)
     h, a = model.hidden_size, model.num_attention_heads
     dqk, dv = attention_head_dims(model)
-    per_token = 2.0 * model.num_layers * attention_params(model) + model.num_layers * 2.0 * seq * a * (dqk + dv)
+    core = (1.0 if causal else 2.0) * seq * a * (dqk + dv)
+    per_token = 2.0 * model.num_layers * attention_params(model) + model.num_layers * core
     moe = model.moe
     if moe is None:
         per_token += 2.0 * model.num_layers * model.mlp_params

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from formulation.inputs.instance import instance_from_dict
-from formulation.physics.moe_cost import attention_head_dims, model_flops
+from formulation.physics.moe_cost import model_flops
 from formulation.placement import Placement
 
 MOE_COLUMNS = ("model_preset", "ep", "etp", "dispatcher", "layers_per_stage")
@@ -89,15 +89,10 @@ def moe_run_from_row(index: int, r: dict):
 def source_flops(instance, flop_count: str) -> float:
     """One iteration's FLOPs as the source counted them: Megatron-LM's MoE count (E8), with `causal` half the
     attention core (newer Megatron-LM; the ModelZoo's Qwen3 H100 table agrees with it within 0.7%)."""
-    model, training = instance.model, instance.training
-    sequences, seq = training.global_batch_size, training.seq_length
-    flops = model_flops(model, sequences, seq)
-    if flop_count == "causal":
-        dqk, dv = attention_head_dims(model)
-        flops -= 3.0 * sequences * seq * model.num_layers * seq * model.num_attention_heads * (dqk + dv)
-    elif flop_count != "full":
+    if flop_count not in ("causal", "full"):
         raise ValueError(f"flop_count {flop_count!r}: expected causal or full")
-    return flops
+    training = instance.training
+    return model_flops(instance.model, training.global_batch_size, training.seq_length, causal=flop_count == "causal")
 
 
 def measured_time(r: dict, instance) -> tuple[float, str]:
