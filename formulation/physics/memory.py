@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from formulation.physics import cost, moe_cost, moe_memory
+from formulation.physics import cost, layer_kinds, moe_cost, moe_memory
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS
 
 GIB = float(1 << 30)
@@ -154,9 +154,13 @@ def unsharded_pipeline_bytes(job, p) -> float:
     return 0.0
 
 
-def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
-    """(M1)-(M6) Per-GPU bytes of `stage` as affine functions of its layer count."""
+def memory_coefficients(instance, p, stage: int, kind: str | None = None) -> MemoryCoefficients:
+    """(M1)-(M6) Per-GPU bytes of `stage` as affine functions of its layer count, the per-layer terms those of a
+    layer of `kind` (docs/moe.md (E1)): "dense" or "moe"; None is the model's MoE layer if it has experts, else
+    its dense layer. The fixed terms are the stage's whatever its layers' kinds: with full recompute the
+    working memory of the layer being recomputed is the heavier kind's (a stage may hold both)."""
     model, job = instance.model, instance.training
+    kind = kind or ("moe" if model.moe is not None else "dense")
     w_bytes, g_bytes, o_bytes = job.bytes_per_param_state
     shard = p.dp * p.cp  # Megatron's distributed optimizer shards over dp x cp
     layer_params = model.layer_matmul_params / p.tp + model.layer_norm_params
@@ -170,14 +174,17 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
     o_div = shard if p.zero_stage >= 1 else 1
     per_layer = (layer_params * w_bytes / w_div, layer_params * g_bytes / w_div, layer_params * o_bytes / o_div)
     if moe_cost.is_moe(model):  # (EM1) experts split by ep x etp, their optimizer over expert data parallelism
-        per_layer = moe_memory.layer_state_bytes(instance, p)
+        per_layer = moe_memory.layer_state_bytes(instance, p, kind)
     weights = (fixed_params * w_bytes / w_div, per_layer[0])
     gradients = (fixed_params * g_bytes / w_div, per_layer[1])
     optimizer = (fixed_params * o_bytes / o_div, per_layer[2])
     # (M4)-(M5) activations
     m = p.num_micro_batches(job.global_batch_size)
     if moe_cost.is_moe(model):  # (EM2)-(EM3) routed tokens and latents
-        kept, working = moe_memory.activation_bytes(model, job, p, layer_activation_bytes)
+        kept, working = moe_memory.activation_bytes(model, job, p, layer_activation_bytes, kind)
+        if layer_kinds.is_mixed(model):
+            other = "dense" if kind == "moe" else "moe"
+            working = max(working, moe_memory.activation_bytes(model, job, p, layer_activation_bytes, other)[1])
     else:
         kept, working = layer_activation_bytes(model, job, p)
     seq = job.seq_length / p.cp
@@ -205,21 +212,27 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
                               (buf_fixed + fp8_fixed, buf_per_layer + fp8_per_layer))
 
 
-def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: MemoryCoefficients | None = None
-                 ) -> StageMemory:
+def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: MemoryCoefficients | None = None,
+                 dense_layers: int = 0) -> StageMemory:
     """(M7) total = static + dynamic x (1 + fragmentation) + runtime overhead; fits if <= fraction x capacity.
+    `dense_layers` of the `layers` are dense layers of a model with both kinds (E1): each component is then
+    fixed + per-layer(MoE) x (layers - dense_layers) + per-layer(dense) x dense_layers.
 
     Weights, gradients and optimizer state live in contiguous buffers allocated once (Megatron-LM's param
     and grad buffers, the distributed optimizer's shards), so only the dynamic allocations (activations,
     temporary buffers) fragment the caching allocator.
     """
     c = coefficients or memory_coefficients(instance, p, stage)
+    d = memory_coefficients(instance, p, stage, "dense") if dense_layers else None
 
-    def gib(pair: tuple[float, float]) -> float:
-        return (pair[0] + pair[1] * layers) / GIB
+    def gib(name: str) -> float:
+        fixed, per_layer = getattr(c, name)
+        if d is None:
+            return (fixed + per_layer * layers) / GIB
+        return (fixed + per_layer * (layers - dense_layers) + getattr(d, name)[1] * dense_layers) / GIB
 
-    weights, grads, optim = gib(c.weights), gib(c.gradients), gib(c.optimizer)
-    acts, bufs = gib(c.activations), gib(c.buffers)
+    weights, grads, optim = gib("weights"), gib("gradients"), gib("optimizer")
+    acts, bufs = gib("activations"), gib("buffers")
     frag = gpu_type.fragmentation_fraction * (acts + bufs)
     return StageMemory(stage=stage, weights_gib=weights, gradients_gib=grads, optimizer_gib=optim,
                        activations_gib=acts, buffers_gib=bufs, overhead_gib=gpu_type.runtime_overhead_gib + frag,

@@ -2,9 +2,10 @@
 (docs/moe.md (E1)-(E8)). Dense models never reach this module's MoE terms: `layer_compute` hands them to
 formulation/physics/cost.py unchanged.
 
-Layer heterogeneity: a model whose layers differ (DeepSeek-V3's first three dense layers, Qwen's
-`mlp_only_layers`) is costed per layer as the pattern's mean (E1): exact for models whose layers are all of one
-kind (Mixtral, Qwen3-MoE) and for the model's total work, approximate for one stage's share of it.
+Layer kinds (E1): a model whose layers differ (DeepSeek-V3's first three dense layers, Qwen's `mlp_only_layers`)
+has a dense and an MoE layer, each costed here (`kind` = "dense" or "moe"); a stage adds up the layers it holds
+(formulation/physics/layer_kinds.py). Without `kind` the functions give the pattern's mean layer (share phi of
+MoE layers), which the bounds and the GPU-type choice use; for a model of one kind it is that kind's layer.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ def is_moe(model) -> bool:
 def moe_fraction(model) -> float:
     """Share of the layers that are MoE layers (0 for a dense model)."""
     return model.moe.num_moe_layers / model.num_layers if model.moe else 0.0
+
+
+def kind_share(model, kind: str | None) -> float:
+    """The MoE share of the layer a cost function describes: the mean layer (None), a dense (0) or an MoE (1)
+    layer. A dense model has no MoE layer."""
+    if kind is None:
+        return moe_fraction(model)
+    if kind not in ("dense", "moe"):
+        raise ValueError(f"layer kind must be 'dense' or 'moe', got {kind!r}")
+    return 1.0 if kind == "moe" and model.moe is not None else 0.0
 
 
 def attention_params(model) -> int:
@@ -85,12 +96,13 @@ def _moe_matmul_time(model, job, p, gpu_type, tokens: float) -> float:
             + expert_matmul_time(model, job, p, gpu_type))
 
 
-def layer_compute(model, job, p, gpu_type) -> cost.LayerTimes:
-    """(C1)-(C3) for any model; for MoE / latent-attention models the pattern-weighted mean layer (E1)."""
+def layer_compute(model, job, p, gpu_type, kind: str | None = None) -> cost.LayerTimes:
+    """(C1)-(C3) for any model; for MoE / latent-attention models a layer of `kind` or (None) the
+    pattern-weighted mean layer (E1)."""
     if not is_moe(model):
         return cost.layer_compute(model, job, p, gpu_type)
     tokens = p.micro_batch_size * job.seq_length / p.cp
-    share = moe_fraction(model)
+    share = kind_share(model, kind)
     fp8 = cost.fp8_gemms(job, gpu_type)
     dense_flops = 2.0 * tokens * (attention_params(model) + model.mlp_params) / p.tp
     dense = gpu_type.matmul_time(dense_flops, dense_flops / 1e9, fp8=fp8) if share < 1 else 0.0
@@ -102,16 +114,17 @@ def layer_compute(model, job, p, gpu_type) -> cost.LayerTimes:
         attn_flops /= 2
     attention = attn_flops / (gpu_type.peak_tflops * 1e12 * gpu_type.attention_efficiency)
     return cost.LayerTimes(matmul_fwd=(1 - share) * dense + share * moe, attention_fwd=attention,
-                           elementwise_fwd=elementwise_bytes(model, job, p, gpu_type) / (gpu_type.hbm_gb_per_s * 1e9))
+                           elementwise_fwd=elementwise_bytes(model, job, p, gpu_type, kind)
+                           / (gpu_type.hbm_gb_per_s * 1e9))
 
 
-def elementwise_bytes(model, job, p, gpu_type) -> float:
+def elementwise_bytes(model, job, p, gpu_type, kind: str | None = None) -> float:
     """(E6) (C3) with the MLP activation over the width a token actually passes (shared experts + top-k expert
     widths in an MoE layer), plus the dispatcher's permute and unpermute of the k copies (read + write each,
     forward: 4 k passes over [tokens / tp, h])."""
     if model.moe is None:
         return cost.elementwise_bytes(model, job, p, gpu_type)
-    moe, share = model.moe, moe_fraction(model)
+    moe, share = model.moe, kind_share(model, kind)
     width = moe.shared_expert_ffn_hidden_size + moe.topk * moe.expert_ffn_hidden_size
     mean_width = (1 - share) * model.ffn_hidden_size + share * width
     base = cost.elementwise_bytes(dataclasses.replace(model, ffn_hidden_size=round(mean_width)), job, p, gpu_type)
@@ -168,15 +181,14 @@ def etp_layer_comm(model, job, p, links: cost.GroupLinks, cluster) -> float:
             + cost.collective_time("reduce_scatter", gathered, links, cluster))
 
 
-def layer_params_per_gpu(model, p, heaviest: bool = False) -> tuple[float, float]:
-    """(non-expert, expert) parameters per GPU of the mean layer (E1), or with `heaviest` of an MoE layer (the
-    memory model's layer: never fewer parameters than any layer of the model holds): attention, dense MLP or
-    shared experts split by tp, the router and norms replicated, routed experts split by ep x etp."""
+def layer_params_per_gpu(model, p, kind: str | None = None) -> tuple[float, float]:
+    """(non-expert, expert) parameters per GPU of a layer of `kind` or (None) the mean layer (E1): attention,
+    dense MLP or shared experts split by tp, the router and norms replicated, routed experts split by ep x etp."""
     h = model.hidden_size
     attention = attention_params(model) / p.tp + model.layer_norm_params
     if model.moe is None:
         return attention + model.mlp_params / p.tp, 0.0
-    moe, share = model.moe, 1.0 if heaviest else moe_fraction(model)
+    moe, share = model.moe, kind_share(model, kind)
     moe_layer = model.mlp_matrices * h * moe.shared_expert_ffn_hidden_size / p.tp + h * moe.num_experts
     dense = model.mlp_params / p.tp
     experts = moe.num_experts * model.mlp_matrices * h * moe.expert_ffn_hidden_size / (p.ep * p.etp)

@@ -1,5 +1,7 @@
 """Memory of mixture-of-experts and latent-attention layers (docs/moe.md (EM1)-(EM4)): what changes against the
-dense layer of formulation/physics/memory.py. Every term is per GPU and affine in the stage's layer count."""
+dense layer of formulation/physics/memory.py. Every term is per GPU and affine in the stage's layer count of each
+kind (E1): `kind` "moe" (the default) is an MoE layer, "dense" a dense layer of the same model (its own MLP, no
+experts, no routed tokens; latent attention as in every layer)."""
 
 from __future__ import annotations
 
@@ -8,26 +10,26 @@ import dataclasses
 from formulation.physics import moe_cost
 
 
-def layer_state_bytes(instance, p) -> tuple[float, float, float]:
-    """(EM1) (weights, gradients, optimizer state) bytes per layer per GPU, of the heaviest layer kind (an MoE
-    layer where there is one). Non-expert parameters follow (M1)-(M3); the routed experts are split by ep x etp,
+def layer_state_bytes(instance, p, kind: str = "moe") -> tuple[float, float, float]:
+    """(EM1) (weights, gradients, optimizer state) bytes per GPU of one layer of `kind`. Non-expert parameters follow (M1)-(M3); the routed experts are split by ep x etp,
     and with the distributed optimizer (zero 1) their optimizer state is sharded over the expert-data-parallel
     group (tp x cp x dp / (ep x etp) ranks), as Megatron-Core's distributed optimizer does."""
     job = instance.training
     w_bytes, g_bytes, o_bytes = job.bytes_per_param_state
-    dense, experts = moe_cost.layer_params_per_gpu(instance.model, p, heaviest=True)
+    dense, experts = moe_cost.layer_params_per_gpu(instance.model, p, kind)
     dense_shard = p.dp * p.cp if p.zero_stage >= 1 else 1
     expert_shard = p.expert_dp if p.zero_stage >= 1 else 1
     params = dense + experts
     return params * w_bytes, params * g_bytes, (dense / dense_shard + experts / expert_shard) * o_bytes
 
 
-def attention_view(model):
+def attention_view(model, kind: str = "moe"):
     """The model as the dense activation formulas (M4) should see an MoE / MLA layer: the MLP term is the shared
-    experts' width (the routed tokens are added by `routed_activation_bytes`), MLA's queries and keys at their
+    experts' width in an MoE layer (the routed tokens are added by `routed_activation_bytes`), the dense width in
+    a dense layer, MLA's queries and keys at their
     full head width with as many key/value heads as query heads (values, narrower, counted at the key width)."""
     changes = {}
-    if model.moe is not None:
+    if model.moe is not None and kind == "moe":
         changes["ffn_hidden_size"] = model.moe.shared_expert_ffn_hidden_size
     if model.mla is not None:
         changes["head_dim"] = max(moe_cost.attention_head_dims(model))
@@ -62,12 +64,14 @@ def routed_activation_bytes(model, job, p) -> float:
     return 2.0 * copies * (h + widths) + 2.0 * own * h + router
 
 
-def activation_bytes(model, job, p, dense_bytes) -> tuple[float, float]:
-    """(EM2)-(EM3) (kept, working) bytes per layer and micro-batch: the dense formula `dense_bytes(model, job, p)`
-    on the attention view, plus the latents and the routed tokens, which full recompute does not keep (they are
-    recomputed with the layer: working bytes of the layer being recomputed)."""
-    kept, working = dense_bytes(attention_view(model), job, p)
-    extra = latent_bytes(model, job, p) + routed_activation_bytes(model, job, p)
+def activation_bytes(model, job, p, dense_bytes, kind: str = "moe") -> tuple[float, float]:
+    """(EM2)-(EM3) (kept, working) bytes per layer of `kind` and micro-batch: the dense formula
+    `dense_bytes(model, job, p)` on the attention view, plus the latents and (MoE layers) the routed tokens, which
+    full recompute does not keep (they are recomputed with the layer: working bytes of the layer being
+    recomputed)."""
+    kept, working = dense_bytes(attention_view(model, kind), job, p)
+    routed = routed_activation_bytes(model, job, p) if kind == "moe" else 0.0
+    extra = latent_bytes(model, job, p) + routed
     if p.recompute == "full":
         return kept, working + extra
     return kept + extra, working

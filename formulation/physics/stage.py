@@ -24,9 +24,12 @@ class StageConstants:
     params_fixed: float  # stage parameters per GPU = params_fixed + params_per_layer x layers (unsharded)
     params_per_layer: float
     layer_params: float  # one layer's parameters per GPU (ZeRO-3 gathers)
-    # mixture-of-experts models: routed experts' parameters per GPU of the mean layer (docs/moe.md (E1)),
+    # mixture-of-experts models: routed experts' parameters per GPU of the layer (docs/moe.md (E1)),
     # synchronised over the expert-data-parallel group; params_per_layer is then the rest of the layer
     expert_params_per_layer: float = 0.0
+
+    def expert_params(self, layers: int) -> float:
+        return self.expert_params_per_layer * layers
 
     def window_b(self, layers: int) -> float:
         """Compute-only backward of the last micro-batch: hides the gradient reduce-scatter (C11)."""
@@ -40,23 +43,60 @@ class StageConstants:
         return self.params_fixed + self.params_per_layer * layers
 
 
-def stage_constants(instance, p, stage: int, gpu_type) -> StageConstants:
+def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) -> StageConstants:
+    """Stage `stage`'s constants with per-layer terms of a layer of `kind` ("dense" / "moe", docs/moe.md (E1)),
+    or (None) the model's mean layer: for a model of one kind, its layer."""
     model, job = instance.model, instance.training
-    lt = moe_cost.layer_compute(model, job, p, gpu_type)
+    lt = moe_cost.layer_compute(model, job, p, gpu_type, kind)
     extra, rp = cost.recompute_extra(lt, p.recompute, job.software_stack)
     b_compute = 2 * lt.forward + extra
     w_bytes = job.bytes_per_param_state[0]
     c = memory_coefficients(instance, p, stage)
     unshard = p.dp * p.cp if p.zero_stage >= 3 else 1
     per_layer, experts = c.weights[1] / w_bytes * unshard, 0.0
-    if moe_cost.is_moe(model):  # (E1) the mean layer's parameters, experts apart (memory holds the heaviest)
-        per_layer, experts = moe_cost.layer_params_per_gpu(model, p)
+    if moe_cost.is_moe(model):  # (E1) the layer's parameters, experts apart
+        per_layer, experts = moe_cost.layer_params_per_gpu(model, p, kind)
     return StageConstants(
         f_compute=lt.forward, b_compute=b_compute, matmul_fwd=lt.matmul_fwd, attention_fwd=lt.attention_fwd,
         recompute_passes=rp,
         output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == p.pp - 1 else 0.0,
         params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=per_layer,
         layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts)
+
+
+@dataclass(frozen=True)
+class MixedConstants:
+    """A stage of a model with dense and MoE layers (docs/moe.md (E1)): each kind's constants. Its methods take
+    the stage's `LayerMix` where StageConstants' take a layer count, so the (C11) and (E9) functions below serve
+    both: window = n_d b_d + n_m b_m + 2 out, parameters = fixed + n_d p_d + n_m p_m, experts = n_m e_m."""
+
+    dense: StageConstants
+    moe: StageConstants
+
+    @property
+    def output_fwd(self) -> float:
+        return self.moe.output_fwd
+
+    @property
+    def expert_params_per_layer(self) -> float:
+        return self.moe.expert_params_per_layer
+
+    def window_b(self, mix) -> float:
+        return mix.dense * self.dense.b_compute + mix.moe * self.moe.b_compute + 2 * self.output_fwd
+
+    def window_f(self, mix) -> float:
+        return mix.dense * self.dense.f_compute + mix.moe * self.moe.f_compute + self.output_fwd
+
+    def stage_params(self, mix) -> float:
+        return self.moe.params_fixed + self.dense.params_per_layer * mix.dense + self.moe.params_per_layer * mix.moe
+
+    def expert_params(self, mix) -> float:
+        return self.moe.expert_params(mix.moe)
+
+
+def mixed_constants(instance, p, stage: int, gpu_type) -> MixedConstants:
+    return MixedConstants(stage_constants(instance, p, stage, gpu_type, "dense"),
+                          stage_constants(instance, p, stage, gpu_type, "moe"))
 
 
 @dataclass(frozen=True)
@@ -130,13 +170,21 @@ def stage_passes(k: StageConstants, lt: LayerTime, layers: int) -> tuple[float, 
     return layers * lt.forward + k.output_fwd, layers * lt.backward + 2 * k.output_fwd
 
 
+def mixed_passes(k: MixedConstants, dense: LayerTime, moe: LayerTime, mix) -> tuple[float, float]:
+    """`stage_passes` of a stage holding `mix` (docs/moe.md (E1)): n_d dense and n_m MoE layers."""
+    return (mix.dense * dense.forward + mix.moe * moe.forward + k.output_fwd,
+            mix.dense * dense.backward + mix.moe * moe.backward + 2 * k.output_fwd)
+
+
 def expert_dp_messages(instance, p, k: StageConstants, layers: int) -> dict:
     """(E9) The experts' gradient synchronisation over the expert-data-parallel group, collective -> bytes, in
     the collectives of (C11) (zero 0 all-reduce, zero 1 reduce-scatter + all-gather)."""
     if k.expert_params_per_layer == 0 or p.expert_dp == 1:
         return {}
     w_bytes, g_bytes, _ = instance.training.bytes_per_param_state
-    params = k.expert_params_per_layer * layers
+    params = k.expert_params(layers)
+    if params == 0:  # a stage of dense layers only (E1) has no experts to sync
+        return {}
     if p.zero_stage == 0:
         return {"all_reduce": params * g_bytes}
     return {"reduce_scatter": params * g_bytes, "all_gather": params * w_bytes}
