@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from formulation.physics import cost, moe_cost
+from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
 from formulation.intervals import prediction_interval
 from formulation.placement import Placement, check_placement
 from formulation.physics.stage import dp_sync as stage_dp_sync
-from formulation.physics.stage import iteration_time, layer_time, stage_constants, stage_passes
+from formulation.physics.stage import (iteration_time, layer_time, mixed_constants, mixed_passes, stage_constants,
+                                       stage_passes)
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,11 @@ def _slowest_type(cluster, gpus: np.ndarray, model, job, p):
                key=lambda g: moe_cost.layer_compute(model, job, p, g).forward)
 
 
-def _stage_memory(instance, p, stage, layers, gpus) -> StageMemory:
+def _stage_memory(instance, p, stage, layers, gpus, dense_layers: int = 0) -> StageMemory:
     cluster = instance.cluster
     types = sorted({cluster.nodes[n].gpu_type for n in np.unique(cluster.gpu_node[gpus])})
-    options = [stage_memory(instance, p, stage, layers, cluster.gpu_types[t]) for t in types]
+    options = [stage_memory(instance, p, stage, layers, cluster.gpu_types[t], dense_layers=dense_layers)
+               for t in types]
     return max(options, key=lambda m: m.total_gib - m.limit_gib)
 
 
@@ -104,14 +106,16 @@ def _max_group(groups: np.ndarray, fn) -> float:
 class StageLinks:
     """What a stage's GPUs decide about its time, independent of its layer count: the GPU type it runs at,
     its constants and one layer's time with its slowest tp / cp / ZeRO-3 groups, its dp groups' links, and
-    its GPUs (their types decide its memory)."""
+    its GPUs (their types decide its memory). A model with dense and MoE layers (docs/moe.md (E1)) has
+    MixedConstants, `layer` its MoE layer's time and `dense_layer` its dense layer's."""
 
     gpu_type: object
-    constants: object  # StageConstants
+    constants: object  # StageConstants, or MixedConstants for a model with both layer kinds
     layer: object  # LayerTime
     dp_links: tuple
     gpus: object = None  # np.ndarray of GPU indices
     edp_links: tuple = ()  # expert-data-parallel groups' links (mixture-of-experts)
+    dense_layer: object = None  # LayerTime of a dense layer (models with both layer kinds only)
 
 
 def stage_links(instance, p: Placement, i: int) -> StageLinks:
@@ -165,24 +169,39 @@ def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float
     """Stage i from what its groups measure: the forward communication of its slowest tp group and cp ring
     and the links of its dp groups; `gpus` are its GPUs (any GPUs of the same GPU types give the same).
     Mixture-of-experts: `moe_layer` the forward communication of one MoE layer over its slowest expert-parallel
-    and expert-tp groups (weighted here by the share of MoE layers, (E1)), `edp_links` the expert-data-parallel
-    groups' links."""
+    and expert-tp groups (a dense layer of a model with both kinds has none, (E1)), `edp_links` the
+    expert-data-parallel groups' links."""
     model, job, cluster = instance.model, instance.training, instance.cluster
     gpu_type = _slowest_type(cluster, gpus, model, job, p)
+    if layer_kinds.is_mixed(model):  # (E1) ZeRO-3 is refused with experts: no per-layer gathers
+        kk = mixed_constants(instance, p, i, gpu_type)
+        return StageLinks(gpu_type, kk, layer_time(kk.moe, job.tp_comm_overlap, tp, cp, 0.0, 0.0, moe_layer),
+                          dp_links, gpus, edp_links, layer_time(kk.dense, job.tp_comm_overlap, tp, cp, 0.0, 0.0))
     k = stage_constants(instance, p, i, gpu_type)
     w_bytes, g_bytes, _ = job.bytes_per_param_state
     ag = rs = 0.0
     if p.zero_stage >= 3 and dp_links:
         ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster) for lk in dp_links)
-    ep = moe_cost.moe_fraction(model) * moe_layer
+    ep = moe_cost.moe_fraction(model) * moe_layer  # 1 or 0: a model of one kind
     return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs, ep), dp_links, gpus, edp_links)
 
 
-def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLinks | None = None) -> StageEstimate:
-    """Stage i of `p` with `layers` layers: times per micro-batch, dp sync (C11), optimizer (C13), memory."""
-    job, cluster = instance.training, instance.cluster
+def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLinks | None = None,
+                   mix: layer_kinds.LayerMix | None = None) -> StageEstimate:
+    """Stage i of `p` with `layers` layers: times per micro-batch, dp sync (C11), optimizer (C13), memory.
+    A model with dense and MoE layers: `mix` says how many of each (default: stage i's under `p`'s partition;
+    `layers` may be the LayerMix itself)."""
     sl = links or stage_links(instance, p, i)
+    if isinstance(layers, layer_kinds.LayerMix):
+        layers, mix = layers.total, layers
+    if layer_kinds.is_mixed(instance.model):
+        if mix is None:
+            if layers != p.layers_per_stage[i]:
+                raise ValueError("a stage of a model with both layer kinds needs its LayerMix")
+            mix = layer_kinds.stage_mixes(instance.model, p.layers_per_stage, p.vpp)[i]
+        return _mixed_stage_estimate(instance, p, i, mix, sl)
+    job, cluster = instance.training, instance.cluster
     k, lt, gpu_type = sl.constants, sl.layer, sl.gpu_type
     # output layer and loss on the last stage: forward + 2x backward, never recomputed
     fwd, bwd = stage_passes(k, lt, layers)
@@ -198,6 +217,32 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
         memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep)
+
+
+def _mixed_stage_estimate(instance, p: Placement, i: int, mix, sl: StageLinks) -> StageEstimate:
+    """`stage_estimate` of a stage holding `mix.dense` dense and `mix.moe` MoE layers (docs/moe.md (E1)): every
+    per-layer term is each kind's own, times its count."""
+    job, cluster = instance.training, instance.cluster
+    k, lm, ld, gpu_type = sl.constants, sl.layer, sl.dense_layer, sl.gpu_type
+    fwd, bwd = mixed_passes(k, ld, lm, mix)
+    compute = (mix.dense * (k.dense.f_compute + k.dense.b_compute) + mix.moe * (k.moe.f_compute + k.moe.b_compute)
+               + 3 * k.output_fwd)
+    dp_sync, dp_exposed = stage_dp_sync(instance, p, k, mix, lambda kind, message: max(
+        cost.collective_time(kind, message, lk, cluster) for lk in sl.dp_links), (lambda kind, message: max(
+            cost.collective_time(kind, message, lk, cluster) for lk in sl.edp_links)) if sl.edp_links else None)
+    opt_fixed, opt_moe = memory_coefficients(instance, p, i, "moe").optimizer
+    opt_dense = memory_coefficients(instance, p, i, "dense").optimizer[1]
+    state = opt_fixed + opt_dense * mix.dense + opt_moe * mix.moe
+
+    def per_kind(field: str) -> float:
+        return mix.dense * getattr(ld, field) + mix.moe * getattr(lm, field)
+
+    return StageEstimate(
+        stage=i, layers=mix.total, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
+        tp_comm_s=per_kind("tp"), cp_comm_s=per_kind("cp"), zero3_comm_s=per_kind("zero3"),
+        dp_sync_s=dp_sync, dp_exposed_s=dp_exposed,
+        optimizer_s=cost.optimizer_step_time(state / job.bytes_per_param_state[2], gpu_type),
+        memory=_stage_memory(instance, p, i, mix.total, sl.gpus, mix.dense), ep_comm_s=per_kind("ep"))
 
 
 def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -> tuple[float, float, int, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+from formulation.physics import layer_kinds
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.placement import Config, Placement
 
@@ -88,6 +89,8 @@ def layer_capacity(instance, placement: Placement, stage: int, gpu_type) -> int:
     the capacity is read off the line and confirmed with the memory model at the boundary (float rounding)."""
     L = instance.model.num_layers
     c = memory_coefficients(instance, placement, stage)
+    if layer_kinds.is_mixed(instance.model):
+        return _mixed_capacity(instance, placement, stage, gpu_type, c)
 
     def fits(q: int) -> bool:
         return stage_memory(instance, placement, stage, q, gpu_type, c).fits
@@ -102,6 +105,29 @@ def layer_capacity(instance, placement: Placement, stage: int, gpu_type) -> int:
     while q > 0 and not fits(q):
         q -= 1
     return q
+
+
+def _mixed_capacity(instance, placement: Placement, stage: int, gpu_type, c) -> int:
+    """`layer_capacity` of a model with dense and MoE layers (docs/moe.md (E1)): the most layers of any range
+    stage i can hold that fits. Memory is affine in (n_d, n_m) and grows with the range, so a count l fits iff
+    it fits with the fewest or the most dense layers a range of l layers can have (binary search over l)."""
+    extremes = layer_kinds.dense_extremes(instance.model, placement.pp, placement.vpp, stage)
+
+    def fits(q: int) -> bool:
+        return any(stage_memory(instance, placement, stage, q, gpu_type, c, dense_layers=d).fits
+                   for d in set(extremes[q]))
+
+    if not stage_memory(instance, placement, stage, 0, gpu_type, c).fits:
+        return -1
+    counts = sorted(extremes)
+    lo, hi = 0, len(counts)  # counts[:lo] fit
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(counts[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return counts[lo - 1] if lo else 0
 
 
 def partition_fits(instance, config: Config, gpu_type) -> tuple[bool, list[int]]:

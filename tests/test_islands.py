@@ -114,10 +114,15 @@ def test_a_slow_nic_node_is_an_island_of_its_own():
 def test_composition_equals_brute_force_and_evaluator(seed, solver):
     instance = instance_from_dict(mixed_dict(seed), "<test>", REPO)
     islands = find_islands(instance.cluster)
+    assert compositions_match_brute_force(instance, islands, solver, [
+        c for c in configurations(instance, islands) if c.pp <= 4]) > 0
+
+
+def compositions_match_brute_force(instance, islands, solver: str, configs) -> int:
+    """Each configuration's composition program: infeasible exactly when brute force finds nothing, else its
+    optimum is the brute-force minimum and the evaluator's time of its plan. Returns how many were compared."""
     checked = 0
-    for config in configurations(instance, islands):
-        if config.pp > 4:
-            continue
+    for config in configs:
         expected = brute_force(instance, config, islands)
         try:
             comp = build_composition(instance, config, island_tables(instance, config, islands))
@@ -134,7 +139,28 @@ def test_composition_equals_brute_force_and_evaluator(seed, solver):
         assert est.iteration_time_s == pytest.approx(out.objective_s, rel=1e-6), config
         assert est.iteration_time_s == pytest.approx(expected, rel=1e-6), config
         checked += 1
-    assert checked > 0
+    return checked
+
+
+@pytest.mark.parametrize("solver", BACKENDS)
+@pytest.mark.parametrize("seed", [0, 1] + [pytest.param(s, marks=pytest.mark.slow) for s in range(2, 6)])
+def test_composition_with_dense_and_moe_layers_equals_brute_force(seed, solver):
+    """A model whose first 1 or 2 layers are dense (docs/moe.md (E1)) on a mixed cluster: the composition
+    program (one-hot mixes per stage and island, linked to the boundaries, docs/programs.md (P2b)) equals brute
+    force over every composition and partition and the evaluator of its plan."""
+    data = mixed_dict(seed)
+    rng = random.Random(seed)
+    hidden = data["model"]["hidden_size"]
+    data["model"] = {"num_hidden_layers": rng.choice([4, 5]), "hidden_size": hidden, "num_attention_heads": 8,
+                     "num_key_value_heads": 8, "vocab_size": 32000, "hidden_act": "silu",
+                     "intermediate_size": 4 * hidden, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                     "moe_intermediate_size": hidden // 2, "n_shared_experts": 1,
+                     "first_k_dense_replace": rng.choice([1, 2])}
+    data["training"]["virtual_pipeline_sizes"] = [1]
+    instance = instance_from_dict(data, "<test>", REPO)
+    islands = find_islands(instance.cluster)
+    assert compositions_match_brute_force(instance, islands, solver, [
+        c for c in configurations(instance, islands) if 1 < c.pp <= 4]) > 0
 
 
 def test_search_is_optimal_over_all_configurations():

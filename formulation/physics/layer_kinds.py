@@ -97,6 +97,7 @@ def possible_mixes(model, pp: int, vpp: int, stage: int) -> dict[LayerMix, list[
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def most_dense_layers(model, pp: int, vpp: int, stage: int) -> int:
     """The most dense layers stage i can hold in any partition (for bounds)."""
     if not is_mixed(model):
@@ -113,3 +114,22 @@ def dense_extremes(model, pp: int, vpp: int, stage: int) -> dict[int, tuple[int,
         lo, hi = out.get(mix.total, (mix.dense, mix.dense))
         out[mix.total] = (min(lo, mix.dense), max(hi, mix.dense))
     return out
+
+
+def stage_units(model, layers_per_stage, vpp: int) -> list:
+    """What decides each stage's cost under a partition: its layer count for a model of one kind, else its
+    LayerMix."""
+    if not is_mixed(model):
+        return list(layers_per_stage)
+    return list(stage_mixes(model, layers_per_stage, vpp))
+
+
+def memory_probes(model, pp: int, vpp: int, stage: int, layers: int) -> list:
+    """What to check to know that stage i fits with `layers` layers however it mixes them: the count for a model
+    of one kind, else the mixes with the most and the fewest dense layers it might hold (memory is affine in
+    the two counts, so these two decide)."""
+    if not is_mixed(model):
+        return [layers]
+    dense = min(layers, most_dense_layers(model, pp, vpp, stage))
+    moe_layers = model.moe.num_moe_layers
+    return [LayerMix(dense, layers - dense), LayerMix(max(0, layers - moe_layers), min(layers, moe_layers))]

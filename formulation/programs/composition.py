@@ -9,7 +9,10 @@ slices) and take the island's slots in pipeline order.
 
 Inside an island every slot sees the same links, so a stage's time, exposed dp sync, optimizer step and memory
 depend only on (island, position in the pipeline, layer count): they are tabulated with the evaluator's own
-`stage_estimate`, and the program's objective equals `evaluate()` of the decoded placement.
+`stage_estimate`, and the program's objective equals `evaluate()` of the decoded placement. A model with dense
+and MoE layers (docs/moe.md (E1)) is tabulated per layer mix instead of count, its one-hots w[i, k, mix] linked to
+the arcs of the stages' ranges (docs/programs.md (P2b)), and the middle-stage symmetry (H5') is not used (stages of one
+run then differ in their layers' kinds too).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from formulation.physics import cost
+from formulation.physics import cost, layer_kinds
+from formulation.physics.memory import stage_memory
 from formulation.evaluate import stage_estimate, stage_links
 from formulation.programs.islands import Island, island_slots, stages_per_node
+from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
 from formulation.space import Config, layer_capacity, placement_for
@@ -92,8 +97,9 @@ def tabulate_stages(instance, config: Config, tables: list[IslandTable]) -> list
         tpl = _template(config, slots[0])
         for r in sorted({role(i, config.pp) for i in range(config.pp)}):
             links = stage_links(instance, tpl, r)
-            for q in range(config.vpp, L + 1, config.vpp):
-                est = stage_estimate(instance, tpl, r, q, links)
+            for q in _units(instance.model, config, r):
+                est = stage_estimate(instance, tpl, r, getattr(q, "total", q), links,
+                                     q if layer_kinds.is_mixed(instance.model) else None)
                 table.time[(r, q)] = est.time_per_micro_batch_s
                 table.exposed[(r, q)] = est.dp_exposed_s
                 table.optimizer[(r, q)] = est.optimizer_s
@@ -104,6 +110,25 @@ def tabulate_stages(instance, config: Config, tables: list[IslandTable]) -> list
     return tables
 
 
+def _units(model, config: Config, r: int) -> list:
+    """What a stage of role r is tabulated by: every layer count, or (dense and MoE layers) every mix a stage of
+    that role can hold."""
+    if not layer_kinds.is_mixed(model):
+        return list(range(config.vpp, model.num_layers + 1, config.vpp))
+    stages = [i for i in range(config.pp) if role(i, config.pp) == r]
+    return sorted({mix for i in stages for mix in layer_kinds.possible_mixes(model, config.pp, config.vpp, i)})
+
+
+def _stage_options(instance, config: Config, tb: IslandTable, i: int) -> list:
+    """The counts (or mixes) stage i can hold on island table `tb` within its memory."""
+    L, v, P = instance.model.num_layers, config.vpp, config.pp
+    if not layer_kinds.is_mixed(instance.model):
+        return list(range(v, min(tb.caps[i], L - v * (P - 1)) + 1, v))
+    tpl = _template(config, tb.slots[0])
+    return [mix for mix in sorted(layer_kinds.possible_mixes(instance.model, P, v, i))
+            if stage_memory(instance, tpl, i, mix.total, tb.gpu_type, dense_layers=mix.dense).fits]
+
+
 @dataclass
 class Composition:
     """A composition program and what its decoder needs."""
@@ -111,7 +136,7 @@ class Composition:
     program: Program
     config: Config
     tables: list[IslandTable]
-    w: dict[tuple[int, int, int], int]  # (stage, island, layers) -> binary
+    w: dict[tuple[int, int, object], int]  # (stage, island, layers or LayerMix) -> binary
 
     def decode(self, values) -> Placement:
         """Stages on island k take its slots in pipeline order."""
@@ -123,7 +148,7 @@ class Composition:
         for k, _ in chosen:
             gpus += self.tables[k].slots[used[k]]
             used[k] += 1
-        return placement_for(c, [q for _, q in chosen], gpus)
+        return placement_for(c, [getattr(q, "total", q) for _, q in chosen], gpus)
 
 
 def build_composition(instance, config: Config, tables: list[IslandTable],
@@ -145,14 +170,21 @@ def build_composition(instance, config: Config, tables: list[IslandTable],
         for k, tb in enumerate(tables):
             if not tb.slots or (stages_on is not None and stages_on.get(tb.island.gpu_type, 0) == 0):
                 continue
-            for q in range(v, min(tb.caps[i], L - v * (P - 1)) + 1, v):
+            for q in _stage_options(instance, c, tb, i):
                 w[(i, k, q)] = prog.var(f"w[{i},{k},{q}]", "binary")
                 options.append(w[(i, k, q)])
         if not options:
             raise ValueError(f"stage {i} fits on no island with {v} layer(s)")
         prog.add(dict.fromkeys(options, 1), "==", 1, "H1 one island and layer count per stage")
-    # (H2) all layers placed
-    prog.add({var: q for (_, _, q), var in w.items()}, "==", L, "H2 all layers placed")
+    mixed = layer_kinds.is_mixed(instance.model)
+    if mixed:  # (P2b) the stage's mix, whichever island hosts it, is its range's
+        allowed = {i: sorted({q for (s, _, q) in w if s == i}) for i in range(P)}
+        lam = mix_partition(prog, instance.model, P, v, allowed)
+        for (i, mix), var in lam.items():
+            prog.add({var: 1, **{x: -1 for (s, _, q), x in w.items() if s == i and q == mix}}, "==", 0,
+                     "P2b mix on some island")
+    else:  # (H2) all layers placed
+        prog.add({var: q for (_, _, q), var in w.items()}, "==", L, "H2 all layers placed")
 
     by_stage_island: dict[tuple[int, int], dict[int, float]] = {}
     for (s, kk, _), var in w.items():
@@ -202,7 +234,7 @@ def build_composition(instance, config: Config, tables: list[IslandTable],
                               for (s, k, q), var in w.items() if s == i}}, ">=", 0, "H5 iteration overhead")
     # (H5') middle stages of one run on one island differ only in memory, which allows fewer layers on earlier
     # stages (more micro-batches in flight): their layer counts can be taken non-decreasing (symmetry)
-    for i in range(1, P - 2):
+    for i in range(1, P - 2 if not mixed else 1):
         for k in range(K):
             now, nxt = on(i, k), on(i + 1, k)
             if now and nxt:

@@ -16,17 +16,18 @@ import math
 
 import numpy as np
 
-from formulation.physics import cost
+from formulation.physics import cost, layer_kinds
 from formulation.physics.cost import GroupLinks
-from formulation.physics.memory import stage_memory
+from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
                                                  expert_sync_time, symmetric_unit)
 from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables
+from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
 from formulation.space import Config
 from formulation.physics.stage import (dp_sync_parts, expert_dp_messages, expert_only_parts, layer_time,
-                                       stage_constants)
+                                       mixed_constants, stage_constants)
 
 
 
@@ -44,6 +45,7 @@ class _Builder:
                     bws.add(self._bw(u, v))
         self.levels = sorted(bws)  # distinct bandwidths, GB/s
         self.unit = self.prog.time_unit_s
+        self.mixed = layer_kinds.is_mixed(instance.model)  # dense and MoE layers: partition by mix (P2b)
 
     def _world(self) -> int:
         c = self.c
@@ -91,8 +93,19 @@ def _assignment(b: _Builder) -> None:
 
 def _partition_and_memory(b: _Builder) -> None:
     """(P2) one-hot layer counts lambda[i, q], sum_i sum_q q lambda[i, q] = L, stages contiguous by order.
-    (P3) memory: q is allowed on stage i only if the stage's memory (M1)-(M7), affine in q, fits."""
+    (P3) memory: q is allowed on stage i only if the stage's memory (M1)-(M7), affine in q, fits.
+    A model with dense and MoE layers: one-hot layer mixes instead, linked to the arcs of the stages' ranges (P2b),
+    a mix allowed only if its memory, affine in (n_d, n_m), fits."""
     prog, c, L = b.prog, b.c, b.inst.model.num_layers
+    if b.mixed:
+        allowed = {i: [mix for mix in sorted(layer_kinds.possible_mixes(b.inst.model, c.pp, c.vpp, i))
+                       if stage_memory(b.inst, b.template, i, mix.total, b.gpu_type, dense_layers=mix.dense).fits]
+                   for i in range(c.pp)}
+        for i, mixes in allowed.items():
+            if not mixes:
+                raise ValueError(f"stage {i} fits no layer mix in memory")
+        prog.layers.update(mix_partition(prog, b.inst.model, c.pp, c.vpp, allowed))
+        return
     total = {}
     for i in range(c.pp):
         allowed = [q for q in range(1, L - c.pp + 2)
@@ -110,12 +123,16 @@ def _partition_and_memory(b: _Builder) -> None:
 def _stage_time(b: _Builder, i: int) -> int:
     """(P7) per-layer time u_i = layer_time(tp, cp, ag, rs) of formulation/physics/stage.py, encoded with
     max(0, .) as two lower bounds each; (P8) stage time t_i = l_i u_i + 3 out_i by McCormick on the one-hot
-    layer count: y_i >= q u_i - q U_i (1 - lambda[i, q])."""
+    layer count: y_i >= q u_i - q U_i (1 - lambda[i, q]).
+    (P8b) with dense and MoE layers, a per-layer time of each kind (u^d_i without expert communication, u^m_i
+    with it, each with its own compute) and McCormick on the one-hot mix (P2b):
+    y_i >= n_d u^d_i + n_m u^m_i - (n_d U^d_i + n_m U^m_i)(1 - lambda[i, (n_d, n_m)])."""
     prog, inst, c, tpl = b.prog, b.inst, b.c, b.template
     model, job, cluster = inst.model, inst.training, b.cluster
-    k = stage_constants(inst, tpl, i, b.gpu_type)
+    kk = mixed_constants(inst, tpl, i, b.gpu_type) if b.mixed else None
+    k = kk.moe if b.mixed else stage_constants(inst, tpl, i, b.gpu_type)
     b.stage_constants = getattr(b, "stage_constants", {})
-    b.stage_constants[i] = k
+    b.stage_constants[i] = kk or k
     tp_vars, cp_vars, ag_vars, rs_vars = [], [], [], []
     if c.tp > 1:
         for ranks in tpl.tp_groups(i):
@@ -144,9 +161,34 @@ def _stage_time(b: _Builder, i: int) -> int:
         return m
 
     tp, cp, ag, rs = (stage_max(v, n) for v, n in ((tp_vars, "TP"), (cp_vars, "CP"), (ag_vars, "AG"), (rs_vars, "RS")))
-    experts = expert_layer_comm(b, i)  # (P14) phi x (slowest ep + slowest etp), forward
+    experts = expert_layer_comm(b, i)  # (P14) slowest ep + slowest etp, forward, of an MoE layer
+    u = _per_layer_time(b, i, k, (tp, cp, ag, rs), experts, "")
+    u_max = b.t(_per_layer_upper_bound(b, k))
+    y = prog.var(f"y[{i}]")
+    if b.mixed:  # (P8b)
+        u_d = _per_layer_time(b, i, kk.dense, (tp, cp, ag, rs), None, "d")
+        ud_max = b.t(_per_layer_upper_bound(b, kk.dense, experts=False))
+        for (stage, mix), lam in prog.layers.items():
+            if stage == i:
+                big = mix.dense * ud_max + mix.moe * u_max
+                prog.add({y: 1, u_d: -mix.dense, u: -mix.moe, lam: -big}, ">=", -big, "P8b stage time McCormick")
+    else:
+        for (stage, q), lam in prog.layers.items():
+            if stage == i:
+                prog.add({y: 1, u: -q, lam: -q * u_max}, ">=", -q * u_max, "P8 stage time McCormick")
+    t_i = prog.var(f"t[{i}]")
+    prog.add({t_i: 1, y: -1}, "==", b.t(3 * k.output_fwd), "P8 stage time")
+    return t_i
+
+
+def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None, tag: str) -> int:
+    """(P7) u_i of a layer with constants `k`: its exposed tp, cp and ZeRO-3 communication from the stage's
+    slowest groups `slowest` = (TP, CP, AG, RS), plus (2 + rp) x `experts` (an MoE layer's expert
+    communication, (P14)). `tag` names the layer kind's variables."""
+    prog, job = b.prog, b.inst.training
+    tp, cp, ag, rs = slowest
     rp = k.recompute_passes
-    tp_f, tp_b0, cp_f, z3_f, z3_b = (prog.var(f"{n}[{i}]") for n in ("tpf", "tpb", "cpf", "z3f", "z3b"))
+    tp_f, tp_b0, cp_f, z3_f, z3_b = (prog.var(f"{n}{tag}[{i}]") for n in ("tpf", "tpb", "cpf", "z3f", "z3b"))
     if job.tp_comm_overlap:
         prog.add({tp_f: 1, tp: -1}, ">=", -b.t(k.matmul_fwd), "P7 tp exposed")
         prog.add({tp_b0: 1, tp: -1}, ">=", -b.t(2 * k.matmul_fwd), "P7 tp exposed")
@@ -161,22 +203,16 @@ def _stage_time(b: _Builder, i: int) -> int:
     prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
     prog.add({z3_b: 1, ag: -1, rs: -1, tp_b0: 1, tp_f: rp, cp_f: 2 + rp}, ">=", -b.t(k.b_compute),
              "P7 zero3 exposed")
-    u = prog.var(f"u[{i}]")
+    u = prog.var(f"u{tag}[{i}]")
     moe_terms = {experts: -(2 + rp)} if experts is not None else {}  # forward + backward (1 + rp) x
     prog.add({u: 1, tp_f: -(1 + rp), tp_b0: -1, cp_f: -(3 + rp), z3_f: -1, z3_b: -1, **moe_terms}, "==",
              b.t(k.f_compute + k.b_compute), "P7 per-layer time")
-    u_max = b.t(_per_layer_upper_bound(b, k))
-    y = prog.var(f"y[{i}]")
-    for (stage, q), lam in prog.layers.items():
-        if stage == i:
-            prog.add({y: 1, u: -q, lam: -q * u_max}, ">=", -q * u_max, "P8 stage time McCormick")
-    t_i = prog.var(f"t[{i}]")
-    prog.add({t_i: 1, y: -1}, "==", b.t(3 * k.output_fwd), "P8 stage time")
-    return t_i
+    return u
 
 
-def _per_layer_upper_bound(b: _Builder, k) -> float:
-    """A valid upper bound of u_i: every group at the slowest bandwidth in its worst shape."""
+def _per_layer_upper_bound(b: _Builder, k, experts: bool = True) -> float:
+    """A valid upper bound of u_i: every group at the slowest bandwidth in its worst shape (`experts`: with an
+    MoE layer's expert communication)."""
     inst, tpl, cluster = b.inst, b.template, b.cluster
     slow = b.levels[0]
     n_tp, n_dp = tpl.tp, tpl.dp * tpl.cp
@@ -191,7 +227,7 @@ def _per_layer_upper_bound(b: _Builder, k) -> float:
                                       cluster) for N, kk in shapes)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, GroupLinks(n_dp, slow, slow, N, kk),
                                       cluster) for N, kk in shapes)
-    lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs, expert_layer_upper_bound(b))
+    lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs, expert_layer_upper_bound(b) if experts else 0.0)
     return (lt.forward + lt.backward) * 1.001 + 1e-9
 
 
@@ -207,14 +243,17 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     k = b.stage_constants[i]
     qs = sorted(q for (stage, q) in prog.layers if stage == i)
 
+    # the parts' kinds from a count or mix with experts (a mix of dense layers only syncs no experts, (E9))
+    reference = next((q for q in qs if getattr(q, "moe", 1) > 0), qs[0])
+
     def parts_at(q):
         if c.dp * c.cp > 1:
             return dp_sync_parts(b.inst, b.template, k, q)
-        return expert_only_parts(b.inst, k, q, expert_dp_messages(b.inst, b.template, k, q))
+        return expert_only_parts(b.inst, k, q, expert_dp_messages(b.inst, b.template, k, reference))
 
     exposed = prog.var(f"E[{i}]")
     parts_exposed = []
-    for part, (kind, _, overlapped, _) in enumerate(parts_at(qs[0])):
+    for part, (kind, _, overlapped, _) in enumerate(parts_at(reference)):
         slowest = prog.var(f"DP[{i},{part}]")
         for g in b.dp_groups.get(i, []):
             n = len(g.ranks)
@@ -280,7 +319,7 @@ def _p2p_chain(b: _Builder) -> dict[int, float]:
 
 
 def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict[int, float]) -> None:
-    """(P11) optimizer: opt >= sum_q opt(i, q) lambda[i, q]. (P12) minimise, times vpp to keep integer
+    """(P11) optimizer: opt >= sum_q opt(i, q) lambda[i, q] (or over mixes, (P2b)). (P12) minimise, times vpp to keep integer
     coefficients: vpp m tau + sum_i t_i - tau + vpp (chain + delta + opt + overhead), tau >= t_i, delta >= E_i."""
     prog, c, inst, tpl = b.prog, b.c, b.inst, b.template
     m = tpl.num_micro_batches(inst.training.global_batch_size)
@@ -293,13 +332,14 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
             prog.add({delta: 1, e: -1}, ">=", 0, "P12 slowest dp sync")
     opt = prog.var("opt")
     o_bytes = inst.training.bytes_per_param_state[2]
-    from formulation.physics.memory import memory_coefficients
     for i in range(c.pp):
         coef = memory_coefficients(inst, tpl, i).optimizer
+        dense = memory_coefficients(inst, tpl, i, "dense").optimizer[1] if b.mixed else 0.0
         terms = {opt: 1}
         for (stage, q), lam in prog.layers.items():
-            if stage == i:
-                terms[lam] = -b.t(cost.optimizer_step_time((coef[0] + coef[1] * q) / o_bytes, b.gpu_type))
+            if stage == i:  # a mix (P2b): fixed + per MoE layer x n_m + per dense layer x n_d, as the evaluator
+                state = coef[0] + coef[1] * q.moe + dense * q.dense if b.mixed else coef[0] + coef[1] * q
+                terms[lam] = -b.t(cost.optimizer_step_time(state / o_bytes, b.gpu_type))
         prog.add(terms, ">=", 0, "P11 optimizer step")
     v = c.vpp
     prog.objective = {tau: v * m - 1, delta: v, opt: v, **{t: 1 for t in stage_time}}

@@ -16,13 +16,13 @@ from formulation.programs.exact_groups import INF, group_time, group_variables
 
 
 def expert_layer_comm(b, i: int) -> int | None:
-    """(P14) One MoE layer's forward expert communication of stage i, weighted by the MoE layer share phi (E1):
-    EP_i >= phi T_ep(g) for every expert-parallel group g (the all-to-all's two levels run at once: (P6) with
-    X >= each level's part), ETP_i >= phi T_etp(g) for every expert-tp group ((P6) as tp). Returns the variable
-    M_i = EP_i + ETP_i (None when the stage has no expert groups); the per-layer time adds (2 + rp) M_i."""
+    """(P14) One MoE layer's forward expert communication of stage i (E1: only MoE layers have it):
+    EP_i >= T_ep(g) for every expert-parallel group g (the all-to-all's two levels run at once: (P6) with
+    X >= each level's part), ETP_i >= T_etp(g) for every expert-tp group ((P6) as tp). Returns the variable
+    M_i = EP_i + ETP_i (None when the stage has no expert groups); an MoE layer's time adds (2 + rp) M_i."""
     prog, inst, tpl, cluster = b.prog, b.inst, b.template, b.cluster
     model, job = inst.model, inst.training
-    phi = moe_cost.moe_fraction(model)
+    phi = 1.0 if moe_cost.moe_fraction(model) > 0 else 0.0  # the MoE layer's, not the mean layer's
     if phi == 0 or (tpl.ep == 1 and tpl.etp == 1):
         return None
     total = prog.var(f"MOE[{i}]")
@@ -47,7 +47,7 @@ def expert_layer_comm(b, i: int) -> int | None:
 
 
 def expert_layer_upper_bound(b) -> float:
-    """phi x (ep + etp) forward time of the worst shape at the slowest level: a valid upper bound of M_i."""
+    """(ep + etp) forward time of the worst shape at the slowest level: a valid upper bound of M_i."""
     inst, tpl, cluster = b.inst, b.template, b.cluster
     model, job = inst.model, inst.training
     slow = b.levels[0]
@@ -60,7 +60,7 @@ def expert_layer_upper_bound(b) -> float:
 
     ep = worst(lambda lk, c: moe_cost.ep_layer_comm(model, job, tpl, lk, c), tpl.ep)
     etp = worst(lambda lk, c: moe_cost.etp_layer_comm(model, job, tpl, lk, c), tpl.etp)
-    return moe_cost.moe_fraction(model) * (ep + etp)
+    return (ep + etp) if moe_cost.moe_fraction(model) > 0 else 0.0
 
 
 def expert_dp_groups(b, i: int) -> list:
@@ -80,6 +80,9 @@ def expert_sync_time(b, i: int, groups: list, kind: str, qs: list[int], name: st
     messages = {q: expert_dp_messages(b.inst, b.template, k, q).get(kind, 0.0) for q in qs}
     if not groups or not any(messages.values()):
         return None
+    # a mix of dense layers only (P2b) syncs no experts: its latency is then selected with lambda too
+    silent = [prog.layers[(i, q)] for q in qs if messages[q] == 0]
+    carrying = {prog.layers[(i, q)]: 1 for q in qs if messages[q] > 0}
     slowest = prog.var(f"EDP[{i},{name}]")
     for g in groups:
         n = len(g.ranks)
@@ -88,7 +91,11 @@ def expert_sync_time(b, i: int, groups: list, kind: str, qs: list[int], name: st
             lam = prog.layers[(i, q)]
             for (N, kk), sigma in g.shape.items():
                 base = cost.collective_time(kind, messages[q], GroupLinks(n, INF, INF, N, kk), cluster)
-                prog.add({lat: 1, sigma: -b.t(base)}, ">=", 0, "P15 edp latency")
+                if silent and base > 0:  # lat >= base (sigma + sum of the mixes with experts - 1)
+                    prog.add({lat: 1, sigma: -b.t(base), **{v: -b.t(base) for v in carrying}}, ">=", -b.t(base),
+                             "P15 edp latency")
+                else:
+                    prog.add({lat: 1, sigma: -b.t(base)}, ">=", 0, "P15 edp latency")
                 for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
                     for level, zeta in table.items():
                         bw = b.levels[level]

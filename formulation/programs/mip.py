@@ -28,7 +28,7 @@ class Program:
     objective_divisor: float = 1.0
     time_unit_s: float = 1e-6  # time variables and constants are in microseconds (solver tolerances)
     assign: dict[tuple[int, int], int] = field(default_factory=dict)  # (rank, class) -> x variable
-    layers: dict[tuple[int, int], int] = field(default_factory=dict)  # (stage, count) -> lambda variable
+    layers: dict[tuple[int, object], int] = field(default_factory=dict)  # (stage, count or LayerMix) -> lambda
     classes: list[list[int]] = field(default_factory=list)
     config: Config | None = None
 
@@ -85,7 +85,8 @@ class Program:
         layers = []
         for i in range(c.pp):
             options = [(values[v], q) for (stage, q), v in self.layers.items() if stage == i]
-            layers.append(max(options)[1])
+            chosen = max(options)[1]
+            layers.append(getattr(chosen, "total", chosen))  # a count, or a LayerMix (docs/programs.md (P2b))
         return Placement.of(c, layers, gpus)
 
 

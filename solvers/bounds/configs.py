@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from formulation.physics import cost
 from formulation.space import Config
 
-from solvers.bounds.parts import (INF, Parts, best_group_time, expert_layer_floor, least_slowest_stage, stage_parts,
+from solvers.bounds.parts import (INF, Parts, best_group_time, expert_layer_floor, stage_parts,
                                   weakest_cuts)
 
 
@@ -200,26 +200,16 @@ def _expert_split(instance, config: Config, caps: list[int] | None, refined: boo
     base, fixed = b.dp_floor(), b.optimizer + b.gpu_type.iteration_overhead_s
     heavy = math.ceil(instance.model.num_layers / P / config.vpp) * config.vpp
     loaded = min(_loaded_exposures(w, P, config.vpp, heavy)) if config.ep <= cap else 0.0
+    if b.kinds is not None:  # (E1) h: a stage with at least the average number of MoE layers, each >= slow
+        heavy = math.ceil(instance.model.moe.num_moe_layers / P)
+        loaded = min(w.moe_loaded_floor(i) for i in range(P)) if config.ep <= cap else 0.0
     across = INF
     for k in range(1, P + 1):
         touching = min(pairs, 2 * k)
         rest = w.chain_of([b.c_min] * touching + [w.c_min] * (pairs - touching)) + fixed
-        pipe, dp = _pipeline_any(b, k, slow), max(base, floors[k] if k < P else 0.0)
+        pipe, dp = b.pipeline_any(k, slow), max(base, floors[k] if k < P else 0.0)
         across = min(across, pipe + rest + max(dp, loaded), max(pipe, b.m * heavy * slow) + rest + dp)
     return min(inside, across)
-
-
-def _pipeline_any(b: Parts, k: int, slow: float) -> float:
-    """(C9) with k of the stages at `slow` per layer, wherever they sit: a lower bound that forgets which (every
-    stage at the largest memory cap and no extra in the slowest stage, which only lowers M; S counts the extras
-    and each slow stage's least layers)."""
-    P, v, L = b.config.pp, b.config.vpp, b.instance.model.num_layers
-    us = [max(slow, b.u)] * k + [b.u] * (P - k)
-    M = least_slowest_stage(us, [0.0] * P, [max(b.caps)] * P, L, v)
-    if M == INF:
-        return INF
-    S = b.u * L + sum(b.extras) + (us[0] - b.u) * v * k
-    return b.m * M + (max(S, M) - M) / v
 
 
 def _tp_split(instance, config: Config, caps: list[int] | None, refined: bool, whole_ep: bool = False) -> float:

@@ -5,20 +5,21 @@ one configuration's stage composition at its best shapes and links (formulation/
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from formulation.physics import cost, moe_cost
+from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.cost import GroupLinks
-from formulation.physics.memory import memory_coefficients
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
 from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
-                                       layer_time, stage_constants)
+                                       layer_time, mixed_constants, stage_constants)
+
+from solvers.bounds.kinds import KindBounds, dense_saving, kind_parts, kind_unit, least_optimizer_step
+from solvers.bounds.slowest import least_slowest_stage
 
 INF = float("inf")
 
@@ -119,63 +120,23 @@ def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, p
 
 def expert_layer_floor(instance, p, intra: float, inter: float, max_nodes: int, per_node_cap: int,
                        span: np.ndarray | None = None, ep_min_nodes: int = 1) -> float:
-    """(B3) The least forward expert communication of one layer any placement of `p`'s configuration can have:
-    the MoE layer share phi x (the least dispatch and combine of an ep group + the least gather and scatter of an
-    expert-tp group), each over every group shape at the cluster's fastest links (`best_group_time`). The
-    evaluator adds phi x (slowest ep + slowest etp) per layer (layer_time's `ep`), which is at least this.
+    """(B3) The least forward expert communication of one MoE layer any placement of `p`'s configuration can
+    have: the least dispatch and combine of an ep group + the least gather and scatter of an expert-tp group,
+    each over every group shape at the cluster's fastest links (`best_group_time`). The evaluator adds
+    slowest ep + slowest etp per MoE layer (layer_time's `ep`), which is at least this (0 for a dense model).
     `ep_min_nodes`: only ep groups over at least that many nodes (a stage with an ep group across nodes)."""
     model, job, cluster = instance.model, instance.training, instance.cluster
-    phi = moe_cost.moe_fraction(model)
-    if phi == 0:
+    if moe_cost.moe_fraction(model) == 0:
         return 0.0
     ep = best_group_time(lambda lk: moe_cost.ep_layer_comm(model, job, p, lk, cluster), p.ep, intra, inter,
                          max_nodes, per_node_cap, ep_min_nodes, span=span)
     etp = best_group_time(lambda lk: moe_cost.etp_layer_comm(model, job, p, lk, cluster), p.etp, intra, inter,
                           max_nodes, per_node_cap, span=span)
-    return phi * (ep + etp)
-
-
-def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], layers: int, step: int,
-                        fixed: dict[int, int] | None = None) -> float:
-    """The smallest possible max_i (l_i u_i + extra_i) over partitions with l_i <= cap_i (memory), l_i a positive
-    multiple of `step`, sum l_i = layers, and l_i = fixed[i] where given. INF if no partition exists.
-
-    The most layers the stages can hold at a level grows with the level, so the answer is the smallest
-    candidate level (some stage exactly at q u_i + extra_i) at which they hold all layers: binary search."""
-    fixed = fixed or {}
-    P = len(us)
-    if not all(math.isfinite(u) for u in us):  # a stage no placement of this kind can run holds no layer
-        return INF
-    if sum(fixed.get(i, step) for i in range(P)) > layers or any(fixed.get(i, step) > caps[i] for i in range(P)):
-        return INF
-    if any(f % step for f in fixed.values()):
-        return INF
-    # the answer is some stage's time at a layer count it can hold; stages alike give the same candidates
-    shapes = {(us[i], extras[i], fixed[i], fixed[i]) if i in fixed else (us[i], extras[i], step, min(caps[i], layers))
-              for i in range(P)}
-    levels = sorted({q * u + e for u, e, lo, hi in shapes for q in range(lo, hi + 1, step)})
-
-    def holds(level: float) -> bool:
-        room = 0
-        for i in range(P):
-            if i in fixed:
-                if fixed[i] * us[i] + extras[i] > level * (1 + 1e-12):
-                    return False
-                room += fixed[i]
-                continue
-            fit = min(caps[i], int((level - extras[i]) / us[i] + 1e-9)) if us[i] > 0 else caps[i]
-            fit = fit // step * step
-            if fit < step:
-                return False
-            room += fit
-        return room >= layers
-
-    at = bisect.bisect_left(range(len(levels)), True, key=lambda idx: holds(levels[idx]))
-    return levels[at] if at < len(levels) else INF
+    return ep + etp
 
 
 @dataclass
-class Parts:
+class Parts(KindBounds):
     """The pieces of (B1) for one configuration, and what (B2) needs to redo them with one slow group."""
 
     instance: object
@@ -202,23 +163,52 @@ class Parts:
     dp_cap: int = 0  # most members of one dp group on a node (0: per_node_cap)
     edp_cap: int = 0  # most members of one expert-dp group on a node (0: per_node_cap)
     c_inter: float = 0.0  # one send over the fastest inter-node pair (c_min when that is the fastest pair)
+    # dense and MoE layers (docs/moe.md (E1)): per-layer times are an MoE layer's (KindUnit), stage i's time
+    # taken at dense_layers[i] x what a dense layer saves less (solvers/bounds/kinds.py); () for one kind
+    dense_layers: tuple = ()
+    kinds: object = None  # KindPartitions (models with both kinds): the least slowest stage by layer kind
     _constants: dict = field(default_factory=dict)
     _group_times: dict = field(default_factory=dict)
 
     def unit(self, tp: float, cp: float, ag: float, rs: float, ep: float | None = None) -> float:
+        """One layer's time with these slowest groups: an MoE layer's, with the dense layer's saving, where the
+        model has both kinds (E1)."""
+        ep = self.ep if ep is None else ep
+        if self.dense_layers:
+            return kind_unit(self.instance, self.placement, self.gpu_type, tp, cp, ag, rs, ep)
         lt = layer_time(stage_constants(self.instance, self.placement, 0, self.gpu_type),
-                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs, self.ep if ep is None else ep)
+                        self.instance.training.tp_comm_overlap, tp, cp, ag, rs, ep)
         return lt.forward + lt.backward
 
     def pipeline(self, us: list[float], fixed: dict[int, int] | None = None) -> float:
         """(C9) m M + (S - M) / vpp grows with M and S: M the least slowest stage, S the least stage sum."""
         L, v = self.instance.model.num_layers, self.config.vpp
-        M = least_slowest_stage(us, self.extras, self.caps, L, v, fixed)
+        if self.kinds is None:
+            M, saved = least_slowest_stage(us, self.extras, self.caps, L, v, fixed), 0.0
+        else:  # (E1) each stage's layers by kind; the model's dense layers save at most their count x the most
+            M = self.kinds.least_slowest_stage(us, self.extras, fixed)
+            saved = self.instance.model.num_layers - self.instance.model.moe.num_moe_layers
+            saved *= max(dense_saving(u) for u in us)
         if M == INF:
             return INF
         u_min = min(us)
         least = {i: (fixed or {}).get(i, v) for i in range(len(us))}
-        S = u_min * L + sum(self.extras) + sum((us[i] - u_min) * least[i] for i in range(len(us)))
+        S = u_min * L + sum(self.extras) - saved + sum((us[i] - u_min) * least[i] for i in range(len(us)))
+        return self.m * M + (max(S, M) - M) / v
+
+    def pipeline_any(self, k: int, slow: float) -> float:
+        """(C9) with k of the stages at `slow` per layer, wherever they sit: a lower bound that forgets which (every
+        stage at the largest memory cap and no extra in the slowest stage, which only lowers M; S counts the
+        extras and each slow stage's least layers). With dense and MoE layers: `KindBounds.slowest_anywhere`."""
+        P, v, L = self.config.pp, self.config.vpp, self.instance.model.num_layers
+        us = [max(slow, self.u)] * k + [self.u] * (P - k)
+        if self.kinds is None:
+            M, saved = least_slowest_stage(us, [0.0] * P, [max(self.caps)] * P, L, v), 0.0
+        else:  # (E1)
+            M, saved = self.slowest_anywhere(k, slow)
+        if M == INF:
+            return INF
+        S = self.u * L + sum(self.extras) - saved + (us[0] - self.u) * v * k
         return self.m * M + (max(S, M) - M) / v
 
     def chain(self, slow_extra: float = 0.0) -> float:
@@ -250,8 +240,11 @@ class Parts:
         return sorted({0, P - 1, *middle.values()})
 
     def constants(self, stage: int):
+        """The stage's constants for its dp sync (MixedConstants with dense and MoE layers: the sync is then
+        bounded per layer mix)."""
         if stage not in self._constants:
-            self._constants[stage] = stage_constants(self.instance, self.placement, stage, self.gpu_type)
+            make = mixed_constants if self.kinds is not None else stage_constants  # (E1) each kind's own
+            self._constants[stage] = make(self.instance, self.placement, stage, self.gpu_type)
         return self._constants[stage]
 
     def dp_part_times(self, stage: int, layers: int, inter: float, min_nodes: int,
@@ -295,12 +288,17 @@ class Parts:
 
     def dp_exposure(self, stage: int, layers: int, inter: float, min_nodes: int, per_node_cap: int | None = None
                     ) -> float:
+        if self.kinds is not None:  # (E1) the least over the layer mixes of that count the stage can hold
+            return self.mix_floor(stage, lambda mix: mix.total == layers, inter, min_nodes, per_node_cap)
         return sum(self.dp_part_exposures(stage, layers, inter, min_nodes, per_node_cap))
 
     def dp_range_floor(self, stage: int, fewest: int, most: int) -> float:
         """The least exposed dp sync of `stage` over layer counts from `fewest` to `most` (see `dp_floor`): per
         collective, its time and its time less the window are each smallest at an end of the range, and the
-        exposure max(t - window, share x t, 0) is at least the larger of their least values."""
+        exposure max(t - window, share x t, 0) is at least the larger of their least values. With dense and MoE
+        layers (E1), the least over the stage's layer mixes of those counts, each exactly."""
+        if self.kinds is not None:
+            return self.mix_floor(stage, lambda mix: fewest <= mix.total <= most, self.inter, 1)
         num, den = cost.dp_overlap_exposed()
         total = 0.0
         for (ta, wa, overlapped), (tb, wb, _) in zip(self.dp_part_times(stage, fewest, self.inter, 1),
@@ -331,7 +329,9 @@ class Parts:
             if most < v:
                 continue
             best = max(best, self.stage_dp_floor(i))
-            if most >= heavy:
+            if self.kinds is not None:  # (E1) some stage holds at least the average number of MoE layers
+                loaded = min(loaded, self.moe_loaded_floor(i))
+            elif most >= heavy:
                 loaded = min(loaded, self.dp_range_floor(i, heavy, most))
         # ... and the stage holding at least the average number of layers is one of them
         return max(best, loaded if loaded < INF else 0.0)
@@ -375,6 +375,9 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
                                                              cluster), n, intra, inter, max_nodes, dp_cap, span=span)
     ep = expert_layer_floor(instance, p, intra, inter, max_nodes, cap, span)
     lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs, ep)
+    mixed = layer_kinds.is_mixed(model)  # (E1) an MoE layer's time, with what a dense layer saves against it
+    u = kind_unit(instance, p, gpu_type, tp, cp, ag, rs, ep) if mixed else lt.forward + lt.backward
+    dense_layers, kinds = kind_parts(instance, p)
     P, v = config.pp, config.vpp
     m = job.global_batch_size // (config.micro_batch_size * config.dp)
     if caps is None:
@@ -389,11 +392,8 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
         else:  # the faster of an intra-node and an inter-node send, each with its own latency
             c_min = min(c_inter, cost.p2p_time(message, intra, True, cluster))
         rounds = math.ceil(m / P) if v == 1 else 1
-    heavy = math.ceil(model.num_layers / P)
-    optimizer = min(cost.optimizer_step_time(
-        (memory_coefficients(instance, p, i).optimizer[0] + memory_coefficients(instance, p, i).optimizer[1] * heavy)
-        / job.bytes_per_param_state[2], gpu_type) for i in range(P))
     return Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
                   max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
-                  m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=lt.forward + lt.backward, c_min=c_min, rounds=rounds,
-                  optimizer=optimizer, span=span, dp_cap=dp_cap, c_inter=c_inter, ep=ep, edp_cap=edp_cap)
+                  m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=u, c_min=c_min, rounds=rounds,
+                  optimizer=least_optimizer_step(instance, p, gpu_type), span=span, dp_cap=dp_cap, c_inter=c_inter,
+                  ep=ep, edp_cap=edp_cap, dense_layers=dense_layers, kinds=kinds)

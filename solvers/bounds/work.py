@@ -12,12 +12,14 @@ least the mean W / pp, so
 
 f, b and out depend only on tp, cp, micro_batch_size and recompute (and the GPU type; with experts on ep and
 etp too), so W is computed once per such combination. The bound ignores memory: the search applies it to
-configurations that fit. Mixture-of-experts (B3): every layer also pays at least (2 + rp) x the least expert
-communication of a layer over every group shape at the cluster's fastest links (`expert_layer_floor`).
+configurations that fit. Mixture-of-experts (B3): every MoE layer also pays at least (2 + rp) x the least expert
+communication of a layer over every group shape at the cluster's fastest links (`expert_layer_floor`); with
+dense and MoE layers (docs/moe.md (E1)) W counts each kind's layers at their own compute.
 """
 
 from __future__ import annotations
 
+from formulation.physics import layer_kinds
 from formulation.physics.stage import stage_constants
 from formulation.space import Config, placement_for
 
@@ -47,9 +49,28 @@ class WorkBound:
             cluster = inst.cluster
             experts = expert_layer_floor(inst, p, *cluster_extremes(cluster), len(cluster.nodes),
                                          max(n.num_gpus for n in cluster.nodes), span_bandwidth(cluster))
-            self._work[key] = (inst.model.num_layers * min(k.f_compute + k.b_compute + (2 + k.recompute_passes)
-                                                           * experts for k in ks) + 3 * min(k.output_fwd for k in ks))
+            if layer_kinds.is_mixed(inst.model):  # (E1) each kind's layers at their own cost
+                layers = self._mixed_layers(p, experts)
+            else:
+                layers = inst.model.num_layers * min(k.f_compute + k.b_compute + (2 + k.recompute_passes) * experts
+                                                     for k in ks)
+            self._work[key] = layers + 3 * min(k.output_fwd for k in ks)
         return self._work[key]
+
+    def _mixed_layers(self, p, experts: float) -> float:
+        """The layers' compute of a model with dense and MoE layers (docs/moe.md (E1)): n_d (f + b) of the dense
+        layer + n_m (f + b + (2 + rp) x the least expert communication) of the MoE layer, at the GPU type where
+        that sum is least."""
+        inst = self.instance
+        moe = inst.model.moe.num_moe_layers
+        dense = inst.model.num_layers - moe
+        best = float("inf")
+        for g in inst.cluster.gpu_types.values():
+            kd = stage_constants(inst, p, p.pp - 1, g, "dense")
+            km = stage_constants(inst, p, p.pp - 1, g, "moe")
+            best = min(best, dense * (kd.f_compute + kd.b_compute)
+                       + moe * (km.f_compute + km.b_compute + (2 + km.recompute_passes) * experts))
+        return best
 
     def __call__(self, config: Config) -> float:
         m = self.instance.training.global_batch_size // (config.micro_batch_size * config.dp)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formulation.physics import cost
+from formulation.physics import cost, layer_kinds
 from formulation.physics.moe_cost import is_moe
 from formulation.evaluate import (
     compose_iteration,
@@ -146,8 +146,9 @@ class FastScorer:
         return key
 
     def stage_fits(self, i: int, layers: int, tkey: tuple) -> bool:
-        """Whether stage i, on GPUs of the types `tkey` (its current ones), fits with `layers` layers."""
-        return self._stage(i, layers, tkey, self.tp_max[i], self.cp_max[i], self.dp_ids[i], self._moe_of(i))[4]
+        """Whether stage i, on GPUs of the types `tkey` (its current ones), fits with `layers` layers (any mix)."""
+        return all(self._stage(i, u, tkey, self.tp_max[i], self.cp_max[i], self.dp_ids[i], self._moe_of(i))[4]
+                   for u in layer_kinds.memory_probes(self.model, self.pp, self.vpp, i, layers))
 
     def _moe_of(self, i: int, new_max: dict | None = None, new_edp: dict | None = None) -> tuple:
         """Stage i's expert groups as the stage sees them: (slowest ep + slowest etp forward time, edp group ids)."""
@@ -172,7 +173,7 @@ class FastScorer:
                 links = self._stage_links[lkey] = links_from_groups(
                     self.instance, self.probe, i, self._type[tkey], tp, cp, tuple(self.links[g] for g in dp_ids),
                     moe[0], tuple(self.links[g] for g in moe[1]))
-            est = stage_estimate(self.instance, self.probe, i, layers, links)
+            est = stage_estimate(self.instance, self.probe, i, layers, links)  # a count or a LayerMix
             overhead = self.cluster.gpu_types[est.gpu_type].iteration_overhead_s
             out = self._stages[key] = (est.time_per_micro_batch_s, est.dp_exposed_s, est.optimizer_s, overhead,
                                        est.memory.fits, self._dp_slack(links.constants, layers, dp_ids), est)
@@ -217,8 +218,9 @@ class FastScorer:
             self.pairs.append([self._pair_value(perm[(pp - 1) * S + q], perm[q]) for q in range(S)])
         self.pair_max = [max(v) for v in self.pairs]
         self.tkeys = [self._stage_type(c) for c in self.counts]
-        self.stages = [self._stage(i, self.layers[i], self.tkeys[i], self.tp_max[i], self.cp_max[i],
-                                   self.dp_ids[i], self._moe_of(i)) for i in range(pp)]
+        unit = layer_kinds.stage_units(self.model, self.layers, self.vpp)  # counts, or LayerMix (E1)
+        self.stages = [self._stage(i, unit[i], self.tkeys[i], self.tp_max[i], self.cp_max[i], self.dp_ids[i],
+                                   self._moe_of(i)) for i in range(pp)]
         self.total = self._compose(self.stages, self.pair_max[:pp - 1], self.pair_max[-1] if self.vpp > 1 else 0.0)
         self.fits = all(s[4] for s in self.stages)
         self.slack = (sum(map(sum, self.tp_vals)) + sum(map(sum, self.cp_vals)) + sum(map(sum, self.pairs))
@@ -268,10 +270,11 @@ class FastScorer:
                 pair_max[i] = _new_max(self.pairs[i], self.pair_max[i], idx)
                 slack += sum(v - self.pairs[i][g] for g, v in idx.items())
         tkeys = list(self.tkeys)
+        unit = layer_kinds.stage_units(self.model, self.layers, self.vpp)  # counts, or LayerMix (E1)
         for i in dirty:
             if i in counts:
                 tkeys[i] = self._stage_type(counts[i])
-            stages[i] = self._stage(i, self.layers[i], tkeys[i], new_max.get(("tp", i), self.tp_max[i]),
+            stages[i] = self._stage(i, unit[i], tkeys[i], new_max.get(("tp", i), self.tp_max[i]),
                                     new_max.get(("cp", i), self.cp_max[i]), new_dp.get(i, self.dp_ids[i]),
                                     self._moe_of(i, new_max, new_edp))
             slack += stages[i][5] - self.stages[i][5]
@@ -345,9 +348,10 @@ class FastScorer:
     def propose_layers(self, layers: list) -> float | None:
         """Score the partition `layers` (same map); None if a stage stops fitting or holds no layer."""
         stages = list(self.stages)
-        dirty = [i for i in range(self.pp) if layers[i] != self.layers[i]]
+        new, old = (layer_kinds.stage_units(self.model, x, self.vpp) for x in (layers, self.layers))  # (E1)
+        dirty = [i for i in range(self.pp) if new[i] != old[i]]
         for i in dirty:
-            stages[i] = self._stage(i, layers[i], self.tkeys[i], self.tp_max[i], self.cp_max[i], self.dp_ids[i],
+            stages[i] = self._stage(i, new[i], self.tkeys[i], self.tp_max[i], self.cp_max[i], self.dp_ids[i],
                                     self._moe_of(i))
         self.pending_slack = self.slack + sum(stages[i][5] - self.stages[i][5] for i in dirty)
         self._pending = ("layers", list(layers), stages)

@@ -7,14 +7,21 @@ program over one-hot layer counts then minimises (C14) exactly:
     vpp m tau + sum_i t_i - tau + vpp (delta + opt) + const,  tau >= t_i, delta >= E_i, opt >= opt_i.
 This is what makes an uneven split (Megatron's layout flag) pay: fewer layers where memory or links are
 tight. Used for upper bounds in the search and for the plan of clusters beyond the exact program.
+
+A model with dense and MoE layers (docs/moe.md (E1)): a stage's figures depend on its layer mix (n_d, n_m), so
+they are tabulated per mix stage i can hold (the evaluator's `stage_estimate` with the map's links), and the
+one-hots are over mixes linked to the arcs of the stages' ranges (docs/programs.md (P2b),
+formulation/programs/layer_mix.py): the same objective, exact for the kinds as well.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from formulation.evaluate import evaluate
+from formulation.evaluate import evaluate, stage_estimate, stage_links
+from formulation.physics import layer_kinds
 from formulation.placement import Placement
+from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 
 from solvers import backends
@@ -25,27 +32,23 @@ def best_partition(instance, placement: Placement, solver: str = "cpsat", time_l
     """`placement` with the partition that minimises the evaluator's time for its map (None if none fits,
     or if the backend finds no solution within the limit)."""
     L, pp, vpp = instance.model.num_layers, placement.pp, placement.vpp
-    counts = [q for q in range(vpp, L - vpp * (pp - 1) + 1, vpp)]
-    table = {}
-    for q in counts:
-        est = evaluate(instance, dataclasses.replace(placement, layers_per_stage=(q,) * pp), check=False)
-        for s in est.stages:
-            if s.memory.fits:
-                table[(s.stage, q)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s)
-        chain = est.breakdown["pp_comm_s"]
-        overhead = est.breakdown["overhead_s"]
-        m = est.num_micro_batches
-    if any(not any((i, q) in table for q in counts) for i in range(pp)):
+    mixed = layer_kinds.is_mixed(instance.model)
+    table, (chain, overhead, m) = (_mix_table if mixed else _count_table)(instance, placement)
+    if any(not any(j == i for j, _ in table) for i in range(pp)):
         return None
     prog = Program()
     unit = prog.time_unit_s
-    lam = {}
-    for i in range(pp):
-        options = [q for q in counts if (i, q) in table]
-        for q in options:
-            lam[(i, q)] = prog.var(f"lambda[{i},{q}]", "binary")
-        prog.add({lam[(i, q)]: 1 for q in options}, "==", 1, "one layer count per stage")
-    prog.add({v: q for (i, q), v in lam.items()}, "==", L, "all layers placed")
+    if mixed:
+        lam = mix_partition(prog, instance.model, pp, vpp, {i: sorted(mix for j, mix in table if j == i)
+                                                            for i in range(pp)})
+    else:
+        lam = {}
+        for i in range(pp):
+            options = sorted(q for j, q in table if j == i)
+            for q in options:
+                lam[(i, q)] = prog.var(f"lambda[{i},{q}]", "binary")
+            prog.add({lam[(i, q)]: 1 for q in options}, "==", 1, "one layer count per stage")
+        prog.add({v: q for (i, q), v in lam.items()}, "==", L, "all layers placed")
     tau, delta, opt = prog.var("tau"), prog.var("delta"), prog.var("opt")
     for i in range(pp):
         for var, column in ((tau, 0), (delta, 1), (opt, 2)):
@@ -64,4 +67,32 @@ def best_partition(instance, placement: Placement, solver: str = "cpsat", time_l
     if out.values is None:
         return None
     layers = tuple(next(q for (j, q), v in lam.items() if j == i and out.values[v] > 0.5) for i in range(pp))
-    return dataclasses.replace(placement, layers_per_stage=layers)
+    return dataclasses.replace(placement, layers_per_stage=tuple(getattr(q, "total", q) for q in layers))
+
+
+def _count_table(instance, placement: Placement) -> tuple[dict, tuple]:
+    """{(stage, q): (time, exposed dp sync, optimizer)} for every layer count q that fits, from the evaluator
+    run with every stage at q layers; (chain, overhead, micro-batches), which the partition does not change."""
+    L, pp, vpp = instance.model.num_layers, placement.pp, placement.vpp
+    table = {}
+    for q in range(vpp, L - vpp * (pp - 1) + 1, vpp):
+        est = evaluate(instance, dataclasses.replace(placement, layers_per_stage=(q,) * pp), check=False)
+        for s in est.stages:
+            if s.memory.fits:
+                table[(s.stage, q)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s)
+    return table, (est.breakdown["pp_comm_s"], est.breakdown["overhead_s"], est.num_micro_batches)
+
+
+def _mix_table(instance, placement: Placement) -> tuple[dict, tuple]:
+    """`_count_table` per layer mix stage i can hold (docs/moe.md (E1)): the evaluator's stage functions on the
+    map's links (which the partition does not change), one stage_estimate per (stage, mix)."""
+    model, pp, vpp = instance.model, placement.pp, placement.vpp
+    table = {}
+    for i in range(pp):
+        links = stage_links(instance, placement, i)
+        for mix in layer_kinds.possible_mixes(model, pp, vpp, i):
+            s = stage_estimate(instance, placement, i, mix.total, links, mix)
+            if s.memory.fits:
+                table[(i, mix)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s)
+    est = evaluate(instance, placement, check=False)
+    return table, (est.breakdown["pp_comm_s"], est.breakdown["overhead_s"], est.num_micro_batches)

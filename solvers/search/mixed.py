@@ -26,7 +26,7 @@ from formulation.errors import InfeasibleError
 from formulation.evaluate import evaluate, stage_links
 from formulation.programs.islands import Island, find_islands, island_slots
 from formulation.physics.memory import memory_coefficients
-from formulation.physics import cost
+from formulation.physics import cost, layer_kinds
 from formulation.space import Config, placement_for, schedules
 
 from solvers import backends
@@ -104,11 +104,15 @@ def _island_figures(instance, config: Config, tb) -> tuple[float, float, float, 
         tpl = placement_for(config, (1,) * P, tuple(tb.slots[0]) * P)
         links = {r: stage_links(instance, tpl, r) for r in {role(i, P) for i in range(P)}}
         opt = []
+        mixed = layer_kinds.is_mixed(instance.model)  # (E1) the lighter of the two layer kinds, per layer
         for r in links:
             fixed, per = memory_coefficients(instance, tpl, r).optimizer
+            if mixed:
+                per = min(per, memory_coefficients(instance, tpl, r, "dense").optimizer[1])
             opt.append(cost.optimizer_step_time((fixed + per * most) / instance.training.bytes_per_param_state[2],
                                                 tb.gpu_type))
-        tb.figures = (min(lk.layer.forward + lk.layer.backward for lk in links.values()),
+        kinds = [lk.layer for lk in links.values()] + [lk.dense_layer for lk in links.values() if mixed]
+        tb.figures = (min(lt.forward + lt.backward for lt in kinds),
                       3 * links[P - 1].constants.output_fwd, min(opt), tb.gpu_type.iteration_overhead_s)
     return tb.figures
 

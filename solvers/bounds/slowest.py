@@ -1,0 +1,47 @@
+"""(B1) The least slowest stage of any layer partition under memory caps (solvers/bounds/parts.py)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+INF = float("inf")
+
+
+def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], layers: int, step: int,
+                        fixed: dict[int, int] | None = None) -> float:
+    """The smallest possible max_i (l_i u_i + extra_i) over partitions with l_i <= cap_i (memory), l_i a positive
+    multiple of `step`, sum l_i = layers, and l_i = fixed[i] where given. INF if no partition exists.
+
+    The most layers the stages can hold at a level grows with the level, so the answer is the smallest
+    candidate level (some stage exactly at q u_i + extra_i) at which they hold all layers: binary search."""
+    fixed = fixed or {}
+    P = len(us)
+    if not all(math.isfinite(u) for u in us):  # a stage no placement of this kind can run holds no layer
+        return INF
+    if sum(fixed.get(i, step) for i in range(P)) > layers or any(fixed.get(i, step) > caps[i] for i in range(P)):
+        return INF
+    if any(f % step for f in fixed.values()):
+        return INF
+    # the answer is some stage's time at a layer count it can hold; stages alike give the same candidates
+    shapes = {(us[i], extras[i], fixed[i], fixed[i]) if i in fixed else (us[i], extras[i], step, min(caps[i], layers))
+              for i in range(P)}
+    levels = sorted({q * u + e for u, e, lo, hi in shapes for q in range(lo, hi + 1, step)})
+
+    def holds(level: float) -> bool:
+        room = 0
+        for i in range(P):
+            if i in fixed:
+                if fixed[i] * us[i] + extras[i] > level * (1 + 1e-12):
+                    return False
+                room += fixed[i]
+                continue
+            fit = min(caps[i], int((level - extras[i]) / us[i] + 1e-9)) if us[i] > 0 else caps[i]
+            fit = fit // step * step
+            if fit < step:
+                return False
+            room += fit
+        return room >= layers
+
+    at = bisect.bisect_left(range(len(levels)), True, key=lambda idx: holds(levels[idx]))
+    return levels[at] if at < len(levels) else INF
