@@ -143,7 +143,7 @@ def compositions_match_brute_force(instance, islands, solver: str, configs) -> i
 
 
 @pytest.mark.parametrize("solver", BACKENDS)
-@pytest.mark.parametrize("seed", [0, 1] + [pytest.param(s, marks=pytest.mark.slow) for s in range(2, 6)])
+@pytest.mark.parametrize("seed", [0] + [pytest.param(s, marks=pytest.mark.slow) for s in range(1, 6)])
 def test_composition_with_dense_and_moe_layers_equals_brute_force(seed, solver):
     """A model whose first 1 or 2 layers are dense (docs/moe.md (E1)) on a mixed cluster: the composition
     program (one-hot mixes per stage and island, linked to the boundaries, docs/programs.md (P2b)) equals brute

@@ -301,19 +301,17 @@ def test_mixed_kinds_bounds_never_exceed_brute_force(seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_mixed_kinds_with_interleaving_program_optimum_is_brute_force(backend):
+@pytest.mark.parametrize("seed", [2] + [pytest.param(s, marks=pytest.mark.slow) for s in (4, 6)])
+def test_mixed_kinds_with_interleaving_program_optimum_is_brute_force(backend, seed):
     """vpp 2 (each stage's two chunks hold layers from both halves of the model, the MoE counts from the folded
     prefix (E1a)), GPU memory roomy: every interleaved configuration's program optimum is the brute-force
     minimum and the evaluator's time of its plan."""
-    compared = 0
-    for seed in (0, 2, 5):
-        data, gpu_level = mixed_kinds_instance(seed)
-        data["model"]["num_hidden_layers"] = 6
-        data["model"]["first_k_dense_replace"] = 2 if seed else 1
-        data["training"].update({"virtual_pipeline_sizes": [2], "global_batch_size": 8})
-        data["cluster"]["gpu_types"]["h100-sxm-80gb"] = {}
-        instance = instance_from_dict(data)
-        all_maps = list(maps(instance, gpu_level))
-        best = {c: brute_force_optimum(instance, c, all_maps) for c in configurations(instance) if c.vpp == 2}
-        compared += programs_match_brute_force(instance, best, backend)
-    assert compared >= 2
+    data, gpu_level = mixed_kinds_instance(seed)
+    data["model"]["num_hidden_layers"] = 6
+    data["model"]["first_k_dense_replace"] = 1 if seed == 4 else 2
+    data["training"].update({"virtual_pipeline_sizes": [2], "global_batch_size": 8})
+    data["cluster"]["gpu_types"]["h100-sxm-80gb"] = {}
+    instance = instance_from_dict(data)
+    all_maps = list(maps(instance, gpu_level))
+    best = {c: brute_force_optimum(instance, c, all_maps) for c in configurations(instance) if c.vpp == 2}
+    assert programs_match_brute_force(instance, best, backend) >= 1
