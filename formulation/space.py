@@ -138,12 +138,15 @@ def partition_fits(instance, config: Config, gpu_type) -> tuple[bool, list[int]]
 
 
 def memory_feasible(instance, placement: Placement) -> tuple[bool, float, int]:
-    """Cheap memory check on the smallest GPU type of the cluster: (fits, worst excess GiB, worst stage)."""
+    """Cheap memory check on the smallest GPU type of the cluster: (fits, worst excess GiB, worst stage); each
+    stage with its own dense layers where the model has both kinds (docs/moe.md (E1))."""
     types = sorted(instance.cluster.gpu_types.values(), key=lambda g: g.memory_gib)
     gpu_type = types[0]
     worst, worst_stage = -float("inf"), 0
+    mixed = layer_kinds.is_mixed(instance.model)
+    mixes = layer_kinds.stage_mixes(instance.model, placement.layers_per_stage, placement.vpp) if mixed else None
     for i, layers in enumerate(placement.layers_per_stage):
-        mem = stage_memory(instance, placement, i, layers, gpu_type)
+        mem = stage_memory(instance, placement, i, layers, gpu_type, dense_layers=mixes[i].dense if mixed else 0)
         if mem.total_gib - mem.limit_gib > worst:
             worst, worst_stage = mem.total_gib - mem.limit_gib, i
     return worst <= 0, worst, worst_stage

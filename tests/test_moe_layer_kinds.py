@@ -24,7 +24,7 @@ from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.layer_kinds import LayerMix
 from formulation.physics.stage import stage_constants
 from formulation.placement import default_placement
-from formulation.space import configurations, layer_capacity, placement_for
+from formulation.space import configurations, layer_capacity, memory_feasible, placement_for
 from solvers import backends
 from solvers.local.fast_score import FastScorer
 from solvers.local.partition import best_partition
@@ -182,3 +182,14 @@ def test_scorer_partition_moves_equal_evaluate():
             sc.commit(total)
             compared += 1
     assert compared >= 10
+
+
+def test_cheap_memory_check_counts_each_stage_kinds():
+    """space.memory_feasible (the search's check of default placements) sees each stage's dense layers: its
+    worst excess is the evaluator's on every partition of a one-type cluster."""
+    inst = mixed_instance()
+    p = default_placement(inst, tp=1, pp=4, dp=1, ep=1)
+    for split in splits(inst.model.num_layers, 4, 1):
+        placement = dataclasses.replace(p, layers_per_stage=split)
+        assert memory_feasible(inst, placement)[1] == pytest.approx(
+            evaluate(inst, placement, check=False).memory_shortfall_gib, rel=1e-12, abs=1e-12)
