@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from formulation.physics import cost, moe_cost, moe_memory
+from formulation.physics import cost, moe_cost, moe_memory, recompute_modules
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS
 
 GIB = float(1 << 30)
@@ -91,6 +91,8 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
     if p.recompute == "selective" and job.software_stack == "torchtitan" and job.flash_attention \
             and cost.term("op_level_selective"):
         return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), 0.0
+    if p.recompute == "selective" and not recompute_modules.recomputes_attention_core(job, p):
+        return full_layer, 0.0  # Megatron-Core modules without "core_attn": the attention keeps what it keeps
     if p.recompute == "selective":
         kept = split / p.tp + replicated / sp + (attention if job.flash_attention else 0.0)
         return kept, (0.0 if job.flash_attention else attention)
@@ -180,6 +182,8 @@ def memory_coefficients(instance, p, stage: int) -> MemoryCoefficients:
         kept, working = moe_memory.activation_bytes(model, job, p, layer_activation_bytes)
     else:
         kept, working = layer_activation_bytes(model, job, p)
+    dropped = recompute_modules.dropped_bytes(model, job, p)  # (M4') Megatron-Core's recompute modules
+    kept, working = kept - dropped, working + dropped
     seq = job.seq_length / p.cp
     sbh = seq * p.micro_batch_size * model.hidden_size
     sp = job.sequence_parallel_size(p.tp)

@@ -162,7 +162,7 @@ def _stage_time(b: _Builder, i: int) -> int:
     prog.add({z3_b: 1, ag: -1, rs: -1, tp_b0: 1, tp_f: rp, cp_f: 2 + rp}, ">=", -b.t(k.b_compute),
              "P7 zero3 exposed")
     u = prog.var(f"u[{i}]")
-    moe_terms = {experts: -(2 + rp)} if experts is not None else {}  # forward + backward (1 + rp) x
+    moe_terms = {experts: -k.ep_passes} if experts is not None else {}  # forward + backward (1 + rp) x
     prog.add({u: 1, tp_f: -(1 + rp), tp_b0: -1, cp_f: -(3 + rp), z3_f: -1, z3_b: -1, **moe_terms}, "==",
              b.t(k.f_compute + k.b_compute), "P7 per-layer time")
     u_max = b.t(_per_layer_upper_bound(b, k))

@@ -47,7 +47,7 @@ class WorkBound:
             cluster = inst.cluster
             experts = expert_layer_floor(inst, p, *cluster_extremes(cluster), len(cluster.nodes),
                                          max(n.num_gpus for n in cluster.nodes), span_bandwidth(cluster))
-            self._work[key] = (inst.model.num_layers * min(k.f_compute + k.b_compute + (2 + k.recompute_passes)
+            self._work[key] = (inst.model.num_layers * min(k.f_compute + k.b_compute + k.ep_passes
                                                            * experts for k in ks) + 3 * min(k.output_fwd for k in ks))
         return self._work[key]
 
