@@ -21,8 +21,9 @@ DEFAULT_STACK = "megatron"
 DEEPSPEED = ("megatron-deepspeed",)
 # DeepSpeed's documented defaults: reduce_bucket_size and allgather_bucket_size of 5e8 elements each
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
-# Mixture-of-experts token dispatchers of Megatron-Core (--moe-token-dispatcher-type)
-MOE_DISPATCHERS = ("alltoall", "allgather")
+# Mixture-of-experts token dispatchers of Megatron-Core (--moe-token-dispatcher-type; deepep: the flex dispatcher
+# with DeepEP's kernels, --moe-token-dispatcher-type flex --moe-enable-deepep)
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 # Busiest expert's tokens over the even share, for a dropless router (docs/moe.md): Switch Transformer (Fedus et
 # al. 2022, section 2.2) trains with capacity factor 1.25, the headroom over an even split given to each expert.
 MOE_LOAD_IMBALANCE = 1.25

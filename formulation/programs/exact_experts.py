@@ -29,7 +29,7 @@ def expert_layer_comm(b, i: int) -> int | None:
     terms = {total: 1}
     kinds = []
     if tpl.ep > 1:
-        concurrent = job.moe_token_dispatcher == "alltoall"
+        concurrent = job.moe_token_dispatcher in ("alltoall", "deepep")  # both levels at once: max + latency
         kinds.append(("ep", tpl.moe_ep_groups(i), concurrent,
                       lambda lk: phi * moe_cost.ep_layer_comm(model, job, tpl, lk, cluster)))
     if tpl.etp > 1:

@@ -197,7 +197,10 @@ def moe_arguments(model, job, p: Placement) -> list[tuple[str, object]]:
         args += [("--num-experts", moe.num_experts), ("--moe-router-topk", moe.topk),
                  ("--moe-ffn-hidden-size", moe.expert_ffn_hidden_size),
                  ("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp),
-                 ("--moe-token-dispatcher-type", job.moe_token_dispatcher)]
+                 ("--moe-token-dispatcher-type", "flex" if job.moe_token_dispatcher == "deepep"
+                  else job.moe_token_dispatcher)]
+        if job.moe_token_dispatcher == "deepep":  # the flex dispatcher with DeepEP's kernels
+            args.append(("--moe-enable-deepep", None))
         if job.moe_grouped_gemm:
             args.append(("--moe-grouped-gemm", None))
         if dense:  # Megatron-LM's list form, 1 = MoE layer

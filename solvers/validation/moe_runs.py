@@ -2,8 +2,8 @@
 placements.
 
 MoE models cannot be described by the dense columns of a runs CSV, so a row names a model preset
-(`model_preset`, formulation/data/models/) and carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall` or
-`allgather`: the modelled ones; DeepEP / HybridEP rows say so in `flagged` and are scored as `alltoall`),
+(`model_preset`, formulation/data/models/) and carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall`,
+`allgather` or `deepep`: the modelled ones; HybridEP rows say so in `flagged` and are scored as `alltoall`),
 `load_imbalance` (blank: the job default, docs/moe.md; 1.0 where the run forced balanced routing) and
 `layers_per_stage` (comma-separated; Megatron-Core's embedding- and loss-accounting splits give the first and last
 stage fewer layers). `recompute` is the mapped granularity (none / selective / full), `recompute_published` what
