@@ -122,7 +122,9 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
              ("--max-position-embeddings", max(job.seq_length, model.max_position_embeddings)),
              ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
              ("--ffn-hidden-size", model.ffn_hidden_size), ("--num-attention-heads", model.num_attention_heads),
-             ("--kv-channels", model.head_dim)]
+             # MLA: the value head width, as the published DeepSeek-V3 / Kimi scripts pass (128); hidden / heads
+             # (56 for DeepSeek-V3) describes no projection of an MLA layer
+             ("--kv-channels", model.mla.v_head_dim if model.mla is not None else model.head_dim)]
     if model.num_kv_heads != model.num_attention_heads:
         args += [("--group-query-attention", None), ("--num-query-groups", model.num_kv_heads)]
     if model.mlp == "swiglu":
