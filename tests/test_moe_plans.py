@@ -191,6 +191,7 @@ def test_megatron_arguments_for_deepseek_v3():
     assert (args["--q-lora-rank"], args["--kv-lora-rank"], args["--qk-head-dim"], args["--qk-pos-emb-head-dim"],
             args["--v-head-dim"]) == (1536, 512, 128, 64, 128)
     assert "--multi-latent-attention" in args and "--moe-grouped-gemm" in args
+    assert args["--kv-channels"] == 128  # the value head width, not hidden / heads = 56
 
 
 @pytest.mark.slow

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from formulation.errors import Section
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+# Megatron-Core's selective recompute by module (--recompute-modules, TransformerConfig.recompute_modules), in its
+# order; "core_attn" alone is its default and what `selective` meant before modules existed (Korthikanti et al.)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 ZERO_STAGES = (0, 1, 3)
 PRECISIONS = ("bf16", "fp16", "fp8")
 # Megatron-LM / NeMo (Megatron-Core), Megatron-DeepSpeed and other DeepSpeed ZeRO-1-era stacks, and torchtitan
@@ -17,8 +21,9 @@ DEFAULT_STACK = "megatron"
 DEEPSPEED = ("megatron-deepspeed",)
 # DeepSpeed's documented defaults: reduce_bucket_size and allgather_bucket_size of 5e8 elements each
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
-# Mixture-of-experts token dispatchers of Megatron-Core (--moe-token-dispatcher-type)
-MOE_DISPATCHERS = ("alltoall", "allgather")
+# Mixture-of-experts token dispatchers of Megatron-Core (--moe-token-dispatcher-type; deepep: the flex dispatcher
+# with DeepEP's kernels, --moe-token-dispatcher-type flex --moe-enable-deepep)
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 # Busiest expert's tokens over the even share, for a dropless router (docs/moe.md): Switch Transformer (Fedus et
 # al. 2022, section 2.2) trains with capacity factor 1.25, the headroom over an even split given to each expert.
 MOE_LOAD_IMBALANCE = 1.25
@@ -39,6 +44,8 @@ class TrainingJob:
     # bf16_with_fp8_mixed sets fp8_params=True) instead of bf16 beside an FP8 copy
     fp8_param_gather: bool = True
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES  # allowed choices
+    # what `selective` recomputes on the megatron stack (formulation/physics/recompute_modules.py)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     zero_stage: tuple[int, ...] = (0, 1)  # allowed choices (3 = ZeRO-3/FSDP, opt in)
     max_micro_batch_size: int = 8
     max_tensor_parallel_size: int = 0  # 0: the GPUs of one node
@@ -119,6 +126,7 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),
         fused_cross_entropy=sec.boolean("fused_cross_entropy", default=STACK_ALIASES.get(stack, stack) != "torchtitan"),
         recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, RECOMPUTE_CHOICES, str),
+        recompute_modules=_choices(sec, "recompute_modules", RECOMPUTE_MODULES, DEFAULT_RECOMPUTE_MODULES, str),
         zero_stage=_choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int),
         max_micro_batch_size=sec.integer("max_micro_batch_size", default=8),
         max_tensor_parallel_size=sec.integer("max_tensor_parallel_size", default=0, minimum=0),
@@ -138,6 +146,9 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         moe_load_imbalance=sec.number("moe_load_imbalance", default=MOE_LOAD_IMBALANCE, minimum=1.0, maximum=64.0),
         moe_grouped_gemm=sec.boolean("moe_grouped_gemm", default=True),
     )
+    if job.recompute_modules != DEFAULT_RECOMPUTE_MODULES and job.software_stack != "megatron":
+        raise sec.error("recompute_modules", f"Megatron-Core's recompute modules apply to software_stack megatron, "
+                                             f"not {job.software_stack} (torchtitan's selective recompute is op-level)")
     for cp in job.context_parallel_sizes:  # a listed size that can never apply is a mistake, not a choice
         if job.seq_length % cp:
             raise sec.error("context_parallel_sizes", f"context-parallel size {cp} does not divide seq_length "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from formulation.physics import cost, layer_kinds, moe_cost, moe_memory
+from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, recompute_modules
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS
 
 GIB = float(1 << 30)
@@ -91,6 +91,8 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
     if p.recompute == "selective" and job.software_stack == "torchtitan" and job.flash_attention \
             and cost.term("op_level_selective"):
         return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), 0.0
+    if p.recompute == "selective" and not recompute_modules.recomputes_attention_core(job, p):
+        return full_layer, 0.0  # Megatron-Core modules without "core_attn": the attention keeps what it keeps
     if p.recompute == "selective":
         kept = split / p.tp + replicated / sp + (attention if job.flash_attention else 0.0)
         return kept, (0.0 if job.flash_attention else attention)
@@ -154,6 +156,17 @@ def unsharded_pipeline_bytes(job, p) -> float:
     return 0.0
 
 
+def _layer_activations(model, job, p, kind: str) -> tuple[float, float]:
+    """(M4), (EM2)-(EM3), (M4') (kept, working) bytes of one layer of `kind` and micro-batch: what Megatron-Core's
+    recompute modules do not keep is recomputed one layer at a time (working bytes)."""
+    if moe_cost.is_moe(model):  # routed tokens and latents
+        kept, working = moe_memory.activation_bytes(model, job, p, layer_activation_bytes, kind)
+    else:
+        kept, working = layer_activation_bytes(model, job, p)
+    dropped = recompute_modules.dropped_bytes(model, job, p, kind)
+    return kept - dropped, working + dropped
+
+
 def memory_coefficients(instance, p, stage: int, kind: str | None = None) -> MemoryCoefficients:
     """(M1)-(M6) Per-GPU bytes of `stage` as affine functions of its layer count, the per-layer terms those of a
     layer of `kind` (docs/moe.md (E1)): "dense" or "moe"; None is the model's MoE layer if it has experts, else
@@ -180,13 +193,9 @@ def memory_coefficients(instance, p, stage: int, kind: str | None = None) -> Mem
     optimizer = (fixed_params * o_bytes / o_div, per_layer[2])
     # (M4)-(M5) activations
     m = p.num_micro_batches(job.global_batch_size)
-    if moe_cost.is_moe(model):  # (EM2)-(EM3) routed tokens and latents
-        kept, working = moe_memory.activation_bytes(model, job, p, layer_activation_bytes, kind)
-        if layer_kinds.is_mixed(model):
-            other = "dense" if kind == "moe" else "moe"
-            working = max(working, moe_memory.activation_bytes(model, job, p, layer_activation_bytes, other)[1])
-    else:
-        kept, working = layer_activation_bytes(model, job, p)
+    kept, working = _layer_activations(model, job, p, kind)
+    if layer_kinds.is_mixed(model):  # the layer being recomputed may be of the other kind
+        working = max(working, _layer_activations(model, job, p, "dense" if kind == "moe" else "moe")[1])
     seq = job.seq_length / p.cp
     sbh = seq * p.micro_batch_size * model.hidden_size
     sp = job.sequence_parallel_size(p.tp)

@@ -158,12 +158,45 @@ def all_to_all_time(message: float, links: cost.GroupLinks, cluster) -> float:
     return max(intra, inter) + cluster.inter_latency_s
 
 
+def remote_nodes_per_token(model, links: cost.GroupLinks) -> float:
+    """(E7') Other nodes of an expert-parallel group that one token's top-k experts sit on, in expectation under
+    uniform routing, seen from a GPU on the group's least populated node (k of its n members): the N - 1 other
+    nodes hold E (n - k) / n of the E experts between them, E_r each, and a node is missed when all k_top distinct
+    experts fall elsewhere: (N - 1) (1 - prod_{i < k_top} (E - E_r - i) / (E - i))."""
+    n, nodes, k = links.size, links.nodes, links.per_node
+    if nodes <= 1:
+        return 0.0
+    experts, top = model.moe.num_experts, model.moe.topk
+    per_node = experts * (n - k) / (n * (nodes - 1))
+    missed = math.prod(max(0.0, experts - per_node - i) / (experts - i) for i in range(top))
+    return (nodes - 1) * (1 - missed)
+
+
+def deepep_time(model, job, p, links: cost.GroupLinks, cluster) -> float:
+    """(E7') One dispatch (or combine) with DeepEP's normal kernels (Megatron-Core's flex dispatcher): a token
+    crosses the network once per other node its experts sit on (to the GPU of the same local rank there), and
+    NVLink forwards it to the experts' GPUs. Per GPU: (T / t) rho 2h bytes x `remote_nodes_per_token` over its NIC
+    and k_top (T / t) rho 2h (k - 1) / k over NVLink (the copies that land on another GPU of a node), both at once,
+    at NCCL's line-rate shares as (E7), plus one latency step. Inside one node it is (E7)'s all-to-all."""
+    if links.nodes <= 1:
+        return all_to_all_time(dispatch_bytes(model, job, p), links, cluster)
+    intra_eff, inter_eff = cost.collective_efficiency(cluster)
+    token = routed_tokens(job, p) * job.moe_load_imbalance * 2.0 * model.hidden_size
+    k = links.per_node
+    intra = model.moe.topk * token * (k - 1) / k / (intra_eff * links.intra_gb_per_s * 1e9) if k > 1 else 0.0
+    inter = token * remote_nodes_per_token(model, links) / (inter_eff * links.inter_gb_per_s * 1e9)
+    return max(intra, inter) + cluster.inter_latency_s
+
+
 def ep_layer_comm(model, job, p, links: cost.GroupLinks, cluster) -> float:
     """(E7) Token dispatch and combine of one MoE layer, forward, over one expert-parallel group: two
-    all-to-alls (alltoall dispatcher) or an all-gather of the tokens and a reduce-scatter of the outputs over
-    the group (allgather dispatcher). Backward moves the same again (counted by the caller)."""
+    all-to-alls (alltoall dispatcher), two DeepEP transfers (deepep, (E7')) or an all-gather of the tokens and a
+    reduce-scatter of the outputs over the group (allgather dispatcher). Backward moves the same again (counted by
+    the caller)."""
     if p.ep == 1 or model.moe is None:
         return 0.0
+    if job.moe_token_dispatcher == "deepep":
+        return 2 * deepep_time(model, job, p, links, cluster)
     if job.moe_token_dispatcher == "alltoall":
         return 2 * all_to_all_time(dispatch_bytes(model, job, p), links, cluster)
     gathered = p.ep * routed_tokens(job, p) * 2.0 * model.hidden_size

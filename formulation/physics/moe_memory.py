@@ -82,6 +82,6 @@ def dispatch_buffer_bytes(model, job, p) -> float:
     dispatched bytes (all-to-all: the k copies, x etp after its gather; all-gather: the ep group's tokens)."""
     if model.moe is None:
         return 0.0
-    if job.moe_token_dispatcher == "alltoall":
+    if job.moe_token_dispatcher in ("alltoall", "deepep"):  # DeepEP's own buffers assumed the same size
         return 2.0 * moe_cost.dispatch_bytes(model, job, p) * p.etp
     return 2.0 * p.ep * moe_cost.routed_tokens(job, p) * 2.0 * model.hidden_size

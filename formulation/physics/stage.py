@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from formulation.physics import cost, moe_cost
+from formulation.physics import cost, moe_cost, recompute_modules
 from formulation.physics.memory import memory_coefficients
 
 
@@ -27,6 +27,13 @@ class StageConstants:
     # mixture-of-experts models: routed experts' parameters per GPU of the layer (docs/moe.md (E1)),
     # synchronised over the expert-data-parallel group; params_per_layer is then the rest of the layer
     expert_params_per_layer: float = 0.0
+    ep_recompute_passes: int = 0  # extra forward passes of the expert communication (the "moe" recompute module)
+
+    @property
+    def ep_passes(self) -> float:
+        """Passes of one MoE layer's forward expert communication per micro-batch: forward, backward, and again
+        for every recompute of it (full recompute, Megatron-Core's "moe" module)."""
+        return 2 + self.recompute_passes + self.ep_recompute_passes
 
     def expert_params(self, layers: int) -> float:
         return self.expert_params_per_layer * layers
@@ -49,6 +56,8 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
     model, job = instance.model, instance.training
     lt = moe_cost.layer_compute(model, job, p, gpu_type, kind)
     extra, rp = cost.recompute_extra(lt, p.recompute, job.software_stack)
+    if recompute_modules.active(job, p):  # (C4') Megatron-Core's selective recompute by module
+        extra = recompute_modules.extra_backward_time(model, job, p, gpu_type, lt.attention_fwd, kind)
     b_compute = 2 * lt.forward + extra
     w_bytes = job.bytes_per_param_state[0]
     c = memory_coefficients(instance, p, stage)
@@ -58,7 +67,7 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
         per_layer, experts = moe_cost.layer_params_per_gpu(model, p, kind)
     return StageConstants(
         f_compute=lt.forward, b_compute=b_compute, matmul_fwd=lt.matmul_fwd, attention_fwd=lt.attention_fwd,
-        recompute_passes=rp,
+        recompute_passes=rp, ep_recompute_passes=recompute_modules.ep_passes(job, p),
         output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == p.pp - 1 else 0.0,
         params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=per_layer,
         layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts)
@@ -132,7 +141,7 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
     z3_f = max(0.0, ag - (k.f_compute + tp_f + cp_f))
     z3_b = max(0.0, ag + rs - (k.b_compute + tp_b + cp_b))
-    ep_b = ep * (1 + k.recompute_passes)
+    ep_b = ep * (k.ep_passes - 1)
     return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f + ep, backward=k.b_compute + tp_b + cp_b + z3_b + ep_b,
                      tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b, ep=ep + ep_b)
 

@@ -183,8 +183,8 @@ def _stage_time(b: _Builder, i: int) -> int:
 
 def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None, tag: str) -> int:
     """(P7) u_i of a layer with constants `k`: its exposed tp, cp and ZeRO-3 communication from the stage's
-    slowest groups `slowest` = (TP, CP, AG, RS), plus (2 + rp) x `experts` (an MoE layer's expert
-    communication, (P14)). `tag` names the layer kind's variables."""
+    slowest groups `slowest` = (TP, CP, AG, RS), plus ep_passes (2 + rp, + 1 with the "moe" recompute module)
+    x `experts` (an MoE layer's expert communication, (P14)). `tag` names the layer kind's variables."""
     prog, job = b.prog, b.inst.training
     tp, cp, ag, rs = slowest
     rp = k.recompute_passes
@@ -204,7 +204,7 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
     prog.add({z3_b: 1, ag: -1, rs: -1, tp_b0: 1, tp_f: rp, cp_f: 2 + rp}, ">=", -b.t(k.b_compute),
              "P7 zero3 exposed")
     u = prog.var(f"u{tag}[{i}]")
-    moe_terms = {experts: -(2 + rp)} if experts is not None else {}  # forward + backward (1 + rp) x
+    moe_terms = {experts: -k.ep_passes} if experts is not None else {}  # forward + backward + recomputes
     prog.add({u: 1, tp_f: -(1 + rp), tp_b0: -1, cp_f: -(3 + rp), z3_f: -1, z3_b: -1, **moe_terms}, "==",
              b.t(k.f_compute + k.b_compute), "P7 per-layer time")
     return u

@@ -19,7 +19,7 @@ def expert_layer_comm(b, i: int) -> int | None:
     """(P14) One MoE layer's forward expert communication of stage i (E1: only MoE layers have it):
     EP_i >= T_ep(g) for every expert-parallel group g (the all-to-all's two levels run at once: (P6) with
     X >= each level's part), ETP_i >= T_etp(g) for every expert-tp group ((P6) as tp). Returns the variable
-    M_i = EP_i + ETP_i (None when the stage has no expert groups); an MoE layer's time adds (2 + rp) M_i."""
+    M_i = EP_i + ETP_i (None when the stage has no expert groups); an MoE layer's time adds ep_passes M_i (2 + rp, + 1 under the "moe" recompute module)."""
     prog, inst, tpl, cluster = b.prog, b.inst, b.template, b.cluster
     model, job = inst.model, inst.training
     phi = 1.0 if moe_cost.moe_fraction(model) > 0 else 0.0  # the MoE layer's, not the mean layer's
@@ -29,7 +29,7 @@ def expert_layer_comm(b, i: int) -> int | None:
     terms = {total: 1}
     kinds = []
     if tpl.ep > 1:
-        concurrent = job.moe_token_dispatcher == "alltoall"
+        concurrent = job.moe_token_dispatcher in ("alltoall", "deepep")  # both levels at once: max + latency
         kinds.append(("ep", tpl.moe_ep_groups(i), concurrent,
                       lambda lk: phi * moe_cost.ep_layer_comm(model, job, tpl, lk, cluster)))
     if tpl.etp > 1:

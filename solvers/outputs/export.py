@@ -10,6 +10,7 @@ import re
 import shlex
 from pathlib import Path
 
+from formulation.inputs.job import DEFAULT_RECOMPUTE_MODULES
 from formulation.placement import Placement
 from solvers.outputs.files import write_json_atomic, write_text_atomic
 from solvers.outputs.report import comment_lines
@@ -121,7 +122,9 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
              ("--max-position-embeddings", max(job.seq_length, model.max_position_embeddings)),
              ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
              ("--ffn-hidden-size", model.ffn_hidden_size), ("--num-attention-heads", model.num_attention_heads),
-             ("--kv-channels", model.head_dim)]
+             # MLA: the value head width, as the published DeepSeek-V3 / Kimi scripts pass (128); hidden / heads
+             # (56 for DeepSeek-V3) describes no projection of an MLA layer
+             ("--kv-channels", model.mla.v_head_dim if model.mla is not None else model.head_dim)]
     if model.num_kv_heads != model.num_attention_heads:
         args += [("--group-query-attention", None), ("--num-query-groups", model.num_kv_heads)]
     if model.mlp == "swiglu":
@@ -143,11 +146,7 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
         if job.seq_length % (2 * p.cp):
             notes.append(f"Megatron-LM needs seq_length divisible by 2 x cp = {2 * p.cp} (causal load balancing); "
                          f"{job.seq_length} is not: pad the sequence or re-plan without cp={p.cp}")
-    if p.recompute == "selective":
-        args.append(("--recompute-granularity", "selective"))
-    elif p.recompute == "full":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                 ("--recompute-num-layers", 1)]
+    args += recompute_arguments(job, p)
     if p.zero_stage == 1:
         args.append(("--use-distributed-optimizer", None))
     if p.zero_stage == 3:  # the flags Megatron-FSDP's documentation requires
@@ -165,6 +164,19 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
     return args + moe_arguments(model, job, p), notes, env
+
+
+def recompute_arguments(job, p: Placement) -> list[tuple[str, object]]:
+    """Selective recompute with Megatron-Core's modules where the job names other than its default (core_attn),
+    or full recompute of every layer."""
+    if p.recompute == "selective":
+        args: list[tuple[str, object]] = [("--recompute-granularity", "selective")]
+        if tuple(job.recompute_modules) != DEFAULT_RECOMPUTE_MODULES:
+            args.append(("--recompute-modules", tuple(job.recompute_modules)))  # nargs='*': one word each
+        return args
+    if p.recompute == "full":
+        return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    return []
 
 
 def precision_arguments(job) -> list[tuple[str, object]]:
@@ -187,7 +199,10 @@ def moe_arguments(model, job, p: Placement) -> list[tuple[str, object]]:
         args += [("--num-experts", moe.num_experts), ("--moe-router-topk", moe.topk),
                  ("--moe-ffn-hidden-size", moe.expert_ffn_hidden_size),
                  ("--expert-model-parallel-size", p.ep), ("--expert-tensor-parallel-size", p.etp),
-                 ("--moe-token-dispatcher-type", job.moe_token_dispatcher)]
+                 ("--moe-token-dispatcher-type", "flex" if job.moe_token_dispatcher == "deepep"
+                  else job.moe_token_dispatcher)]
+        if job.moe_token_dispatcher == "deepep":  # the flex dispatcher with DeepEP's kernels
+            args.append(("--moe-enable-deepep", None))
         if job.moe_grouped_gemm:
             args.append(("--moe-grouped-gemm", None))
         if dense:  # Megatron-LM's list form, 1 = MoE layer
@@ -218,7 +233,8 @@ def megatron_args_script(instance, plan) -> str:
     lines += [f"unset {k}" if v is None else f"export {k}={v}" for k, v in env.items()]
     lines.append("MEGATRON_ARGS=(")
     for flag, value in args:
-        lines.append(f"  {flag}" + ("" if value is None else f" {shlex.quote(str(value))}"))
+        words = value if isinstance(value, tuple) else () if value is None else (value,)
+        lines.append(f"  {flag}" + "".join(f" {shlex.quote(str(word))}" for word in words))
     lines.append(")")
     return "\n".join(lines) + "\n"
 

@@ -73,7 +73,9 @@ def folding_table(title: str, columns, left=("GPU", "part")) -> Table:
 def stack_note(job) -> str:
     """Which stack (and precision) the prediction assumes, with a warning when the instance did not say."""
     compile_note = f", torch.compile {'on' if job.torch_compile else 'off'}" if job.software_stack == "torchtitan" else ""
-    note = f"{job.software_stack} ({job.precision}{compile_note})"
+    modules = "" if tuple(job.recompute_modules) == ("core_attn",) else (
+        f"; selective recompute modules: {' '.join(job.recompute_modules)}")
+    note = f"{job.software_stack} ({job.precision}{compile_note}{modules})"
     if job.software_stack_defaulted:
         note += " - WARNING: training.software_stack not set, assumed megatron; set it to the stack you run"
     return note

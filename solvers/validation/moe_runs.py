@@ -2,12 +2,13 @@
 placements.
 
 MoE models cannot be described by the dense columns of a runs CSV, so a row names a model preset
-(`model_preset`, formulation/data/models/) and carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall` or
-`allgather`: the modelled ones; DeepEP / HybridEP rows say so in `flagged` and are scored as `alltoall`),
+(`model_preset`, formulation/data/models/) and carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall`,
+`allgather` or `deepep`: the modelled ones; HybridEP rows say so in `flagged` and are scored as `alltoall`),
 `load_imbalance` (blank: the job default, docs/moe.md; 1.0 where the run forced balanced routing) and
 `layers_per_stage` (comma-separated; Megatron-Core's embedding- and loss-accounting splits give the first and last
 stage fewer layers). `recompute` is the mapped granularity (none / selective / full), `recompute_published` what
-the source ran; `flagged` lists the features the model does not have (the row is still scored, and reported
+the source ran: under `selective` its words name Megatron-Core's recompute modules (`norm` and `act` as the ModelZoo
+abbreviates layernorm and moe_act), which become the job's `recompute_modules`; `flagged` lists the features the model does not have (the row is still scored, and reported
 apart from the clean rows). Measured time: `iter_s`, else the published TFLOP/s per GPU with Megatron-LM's MoE
 FLOP count (docs/moe.md (E8)), full or with causal attention as `flop_count` says. Every row is predicted and never fitted (`Run.fitted` is False).
 """
@@ -26,6 +27,16 @@ MOE_COLUMNS = ("model_preset", "ep", "etp", "dispatcher", "layers_per_stage")
 # MoE rows are numbered from 2000 (torchtitan's from 1000), so that no row number of the dense reference files
 # (e.g. calibrate.EXCLUDED's SC21 rows 10-15) names one of them.
 MOE_ROW_OFFSET = 2000
+# The ModelZoo's abbreviations of Megatron-Core's --recompute-modules
+MODULE_ALIASES = {"norm": "layernorm", "act": "moe_act"}
+
+
+def recompute_modules(r: dict) -> list[str] | None:
+    """The recompute modules a selective row ran (None: Megatron-Core's default, core_attn)."""
+    words = (r.get("recompute_published") or "").replace(",", " ").split()
+    if r["recompute"] != "selective" or not words:
+        return None
+    return [MODULE_ALIASES.get(word, word) for word in words]
 
 
 def is_moe_runs_file(path: str | Path) -> bool:
@@ -41,6 +52,9 @@ def _training(r: dict) -> dict:
                 "memory_limit_fraction": 1.0, "software_stack": "megatron",
                 "expert_parallel_sizes": [int(r["ep"])], "expert_tensor_parallel_sizes": [int(r["etp"] or 1)],
                 "moe_token_dispatcher": r["dispatcher"] or "alltoall"}
+    modules = recompute_modules(r)
+    if modules:
+        training["recompute_modules"] = modules
     if (r.get("load_imbalance") or "").strip():
         training["moe_load_imbalance"] = float(r["load_imbalance"])
     return training
