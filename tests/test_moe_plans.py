@@ -217,7 +217,7 @@ def test_expert_group_split_bound_never_exceeds_evaluated_placements(seed, nodes
     """(B3)'s case split on the ep groups (docs/programs.md): the bounds with it stay <= evaluate() on random maps
     and on maps keeping every ep group inside a node (node-contiguous maps of shuffled nodes, where case (i) is
     the binding one), and the split raises the bound of some configuration (so it is exercised)."""
-    from solvers.bounds.configs import _tp_split, cut_bound, fast_bound  # the split alone, for the exercise check
+    from solvers.bounds.configs import cut_bound, fast_bound, tp_split_bound  # the split alone, for the exercise check
     inst = moe_instance(nodes=nodes, per_node=per_node, seed=seed)
     rng = np.random.default_rng(seed)
     L, n = inst.model.num_layers, inst.cluster.num_gpus
@@ -226,7 +226,7 @@ def test_expert_group_split_bound_never_exceeds_evaluated_placements(seed, nodes
         if config.ep == 1 or config.vpp > 1:
             continue
         bound = max(fast_bound(inst, config), cut_bound(inst, config))
-        raised += bound > _tp_split(inst, config, None, False) * (1 + 1e-9)
+        raised += bound > tp_split_bound(inst, config, None, False) * (1 + 1e-9)
         for trial in range(8):
             cuts = sorted(rng.choice(np.arange(1, L), config.pp - 1, replace=False).tolist())
             layers = [b - a for a, b in zip([0] + cuts, cuts + [L])]

@@ -172,14 +172,14 @@ def fast_bound(instance, config: Config, caps: list[int] | None = None, refined:
 
     `refined` (part of (B2), costlier): (i) with the chain split of `_chain_split`, and (ii) by how many stages
     have a tp group across nodes (`_split_tp_bound`)."""
-    return max(_tp_split(instance, config, caps, refined), _expert_split(instance, config, caps, refined))
+    return max(tp_split_bound(instance, config, caps, refined), _expert_split(instance, config, caps, refined))
 
 
 def _expert_split(instance, config: Config, caps: list[int] | None, refined: bool) -> float:
     """(B3) A case split on the expert-parallel groups, each case bounded from below: (i) every ep group lies
     inside a node, so a node holds whole ep groups: at most cap // ep members of an expert-dp group (its members
     lie in distinct ep groups) and, when cap < 2 ep, the ranks of one stage only, so every stage-to-stage send
-    crosses nodes (`_tp_split` on `stage_parts(whole_ep=True)`); (ii) the set S of stages with an ep group across
+    crosses nodes (`tp_split_bound` on `stage_parts(whole_ep=True)`); (ii) the set S of stages with an ep group across
     nodes is not empty: each runs no faster than the least ep time over shapes of two or more nodes, on every
     layer, and every other stage keeps its ep groups inside nodes, so (i) holds for it: by |S| = k, the
     pipeline with k slow stages anywhere (`_pipeline_any`), at most 2k boundaries touching S at the fastest
@@ -190,7 +190,7 @@ def _expert_split(instance, config: Config, caps: list[int] | None, refined: boo
     cap, nodes = max(n.num_gpus for n in instance.cluster.nodes), len(instance.cluster.nodes)
     if config.ep <= 1 or nodes == 1:
         return -INF
-    inside = _tp_split(instance, config, caps, refined, whole_ep=True) if config.ep <= cap else INF
+    inside = tp_split_bound(instance, config, caps, refined, whole_ep=True) if config.ep <= cap else INF
     b = stage_parts(instance, config, caps=caps)
     w = stage_parts(instance, config, caps=b.caps, whole_ep=True)
     slow = b.unit(b.tp, b.cp, b.ag, b.rs, expert_layer_floor(instance, b.placement, b.intra, b.inter, b.max_nodes,
@@ -212,7 +212,7 @@ def _expert_split(instance, config: Config, caps: list[int] | None, refined: boo
     return min(inside, across)
 
 
-def _tp_split(instance, config: Config, caps: list[int] | None, refined: bool, whole_ep: bool = False) -> float:
+def tp_split_bound(instance, config: Config, caps: list[int] | None, refined: bool, whole_ep: bool = False) -> float:
     """`fast_bound`'s split on the tp groups; `whole_ep`: over the placements whose ep groups lie inside nodes."""
     b = stage_parts(instance, config, caps=caps, whole_ep=whole_ep)
     fixed = b.optimizer + b.gpu_type.iteration_overhead_s
