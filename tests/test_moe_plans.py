@@ -144,7 +144,7 @@ def test_scorer_equals_evaluate_with_expert_groups(seed):
     assert compared >= 20
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", [0, 1] + [pytest.param(s, marks=pytest.mark.slow) for s in (2, 3)])
 def test_lower_bounds_never_exceed_evaluated_moe_placements(seed):
     """Bounds <= evaluate() over random maps and partitions (the brute-force minimum of a configuration is one of
     its placements, so a bound above any placement would be wrong)."""
@@ -212,7 +212,9 @@ def test_mixed_type_moe_instance_keeps_expert_groups_inside_nodes():
             assert len({int(node[g]) for g in group}) == 1, (stage, group)
 
 
-@pytest.mark.parametrize("seed,nodes,per_node", [(0, 2, 4), (1, 2, 4), (2, 4, 2), (3, 4, 4)])
+# two shapes in the quick suite, the 4-node ones (about 30 s since the bounds cost each stage's layer kinds) slow
+@pytest.mark.parametrize("seed,nodes,per_node", [(0, 2, 4), (1, 2, 4)] + [
+    pytest.param(*case, marks=pytest.mark.slow) for case in ((2, 4, 2), (3, 4, 4))])
 def test_expert_group_split_bound_never_exceeds_evaluated_placements(seed, nodes, per_node):
     """(B3)'s case split on the ep groups (docs/programs.md): the bounds with it stay <= evaluate() on random maps
     and on maps keeping every ep group inside a node (node-contiguous maps of shuffled nodes, where case (i) is
