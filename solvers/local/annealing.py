@@ -1,7 +1,7 @@
 """Simulated annealing over one configuration's placements (layer partition + rank-to-GPU map), after Pipette.
 
     anneal(instance, config, seed=0, max_moves=None, time_limit_s=None, start=None, progress=None,
-           node_only=False) -> AnnealResult
+           node_only=False, warm=0.0) -> AnnealResult
 
 State: the full placement, i.e. `layers_per_stage` and a permutation of all the cluster's GPUs whose first
 `world` entries are the GPUs of ranks 0..world-1 in Megatron-LM's tp-cp-dp-pp order (the rest are spares).
@@ -35,11 +35,13 @@ probability 1/2). The kinds differ by orders of magnitude (measured_32 from its 
 a layer chunk 0.4 s, a GPU swap that splits a tp group 8 s), so the median of all samples pooled flipped to the
 coarse kinds whenever they were half the uphill samples (as likely as not there), and such a walk stayed hot,
 slow and random for most of its budget. Cooling is geometric to T0 / 1000 over the move budget (max_moves), or
-over the time limit when only time_limit_s is given. Exact ties in time (frequent: a stage's time only sees its
-slowest group) are decided by Metropolis on the scorer's slack, the sum of all group
-times, at a temperature calibrated and cooled the same way: it steers plateau moves towards faster groups
-without ever trading iteration time for it. After a stall of a tenth of the budget (2,000 moves without a
-budget) the walk restarts from the best state.
+over the time limit when only time_limit_s is given; `warm` (0 to 1) starts the schedule that far along
+(T0 x 1000^-warm), for an anneal that continues from a placement an earlier anneal found: re-heated to T0 the
+walk leaves it and, on a short budget, spends its time finding its way back (solvers/search/close_gap.py).
+Exact ties in time (frequent: a stage's time only sees its slowest group) are decided by Metropolis on the
+scorer's slack, the sum of all group times, at a temperature calibrated and cooled the same way: it steers
+plateau moves towards faster groups without ever trading iteration time for it. After a stall of a tenth of
+the budget (2,000 moves without a budget) the walk restarts from the best state.
 
 Determinism: numpy Generator(seed) drives every choice, so the same seed and max_moves give the same result on
 any machine when time_limit_s does not bind (with both given the cooling follows whichever is further along,
@@ -132,9 +134,10 @@ def start_scorer(instance, config: Config, start: Placement | None = None) -> Fa
 
 def anneal(instance, config: Config, *, seed: int = 0, max_moves: int | None = None,
            time_limit_s: float | None = None, start: Placement | None = None, progress=None,
-           node_only: bool = False) -> AnnealResult:
+           node_only: bool = False, warm: float = 0.0) -> AnnealResult:
     """Anneal the placement of one configuration (see the module docstring). `progress(moves, best_s)` is
-    called every 1,000 moves; `node_only`: whole-node and layer moves only (Pipette's search space). Raises
+    called every 1,000 moves; `node_only`: whole-node and layer moves only (Pipette's search space); `warm`:
+    the share of the cooling schedule already done at the start (a continuation). Raises
     `InfeasibleError` when no layer split of the start's GPU map fits."""
     t_start = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -158,7 +161,7 @@ def anneal(instance, config: Config, *, seed: int = 0, max_moves: int | None = N
         # the schedule follows whichever of the move budget and the clock is further along: a time limit that
         # binds before the moves are spent still ends cold
         done = max(moves / budget if budget else 0.0, (now - t_start) / time_limit_s if time_limit_s else 0.0)
-        cooled = FINAL_TEMPERATURE_RATIO ** min(done, 1.0)
+        cooled = FINAL_TEMPERATURE_RATIO ** (warm + (1 - warm) * min(done, 1.0))
         out = _draw(moves_gen)
         if out is None:
             break

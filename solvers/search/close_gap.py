@@ -15,9 +15,15 @@ optimised partitions of the default maps, the bound-only search improves placeme
 Without a time limit both phases run on move counts (deterministic per seed) and phase 2 runs GAP_ROUNDS
 rounds of at most GAP_MOVES proposals in all; GAP_BUDGET_S of wall time is only a safety net (a machine loaded
 far beyond what the move budget assumes), the one clock-dependent stop without a time limit. With a time limit
-phase 1 takes PHASE1_SHARES of what is left (half for the best plan so far: on a short budget depth on the
-likely winner pays most), at most PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals each, phase 2 runs rounds until
-FINAL_SHARE of the time it started with is left, and that goes to one more anneal of the best plan found.
+phase 1 is a race: each of the best configurations gets a short anneal (PHASE1_SHARES of what is left, at most
+PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals), then the best plan after them is annealed on (DEEPEN_SHARE of what
+is left, as many proposals at most); phase 2 runs rounds until FINAL_SHARE of the time it started with is left,
+and that goes to one more anneal of the best plan found.
+The winner is the one that most needs depth, but which one wins shows only after annealing (measured_64: the best
+default split is pp=4, the best annealed plan pp=8); and the anneals that continue a plan start WARM of the way
+down their cooling schedule, not re-heated (measured_64, pp=8, 3 seeds: an anneal of 2 s then one of 4 s from
+its plan gives 8.0039-8.0072 s started warm, 8.0082-8.0172 s re-heated). This is what lets `auto` match a
+node-permutation SA that anneals its configuration for the whole budget (docs/search-beyond-exact.md).
 Every improvement is recorded in the search's history (time, best), from which the gap over time follows (the
 bound is fixed once the enumeration ends).
 """
@@ -50,15 +56,23 @@ ANNEAL_MOVES = 4000
 GAP_ROUNDS = 2
 GAP_MOVES = 50 * ANNEAL_MOVES
 GAP_BUDGET_S = 60.0
-# phase 1 with a time limit: the share of the time left that each of the best configurations gets (the best
-# first); phase 2 gets the rest. A short budget is best spent deep on the plan most likely to win.
-PHASE1_SHARES = (0.5, 0.1, 0.1)
+# phase 1 with a time limit: the share of the time left that each of the best configurations gets (a short
+# anneal each: which one wins shows only after annealing; giving half to the best default split spent 3.4 s of a
+# 10 s budget on measured_64's pp=4 and 0.7 s on the pp=8 that won)
+PHASE1_SHARES = (0.12, 0.12, 0.12)
 # ... and at most this many times ANNEAL_MOVES (64 GPUs converge in a few seconds: the rest of a long budget
 # is better spent on the configurations the bound leaves open), times (classes / PHASE1_NODE_CLASSES)^2 where the
 # cluster has more node classes than that (nodes that are not interchangeable): the node orders an anneal must
 # sort grow with them, and on measured_32 (32 classes) a single anneal still improves after 100,000 proposals
 PHASE1_MOVES_FACTOR = 4
 PHASE1_NODE_CLASSES = 8
+# then the best plan after them is annealed on for this share of what is left (at most as many proposals; a
+# short budget is best spent deep on the plan most likely to win; 0.8 by the clock alone, with the anneals of
+# plans 1 % above the best skipped, did not help: measured_16 at 10 s, 3 seeds, 7.80776-7.80787 s against
+# 7.80706-7.80746 s), starting
+# WARM of the way down its cooling schedule (T0 / 1000^WARM): it continues an annealed plan
+DEEPEN_SHARE = 0.5
+WARM = 0.5
 # with a time limit, the last share of what phase 2 starts with goes to one clock-driven anneal of the best plan
 # found (depth where the winner is, after breadth where the bound points)
 FINAL_SHARE = 0.3
@@ -89,12 +103,17 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
         # short to anneal in is not started (its relocation would only take time from the next phase)
         share = None if not timed else (deadline - now) * PHASE1_SHARES[min(k, len(PHASE1_SHARES) - 1)]
         if share is not None and share < MIN_ANNEAL_S:
-            continue
+            if k > 0:
+                continue
+            share = min(MIN_ANNEAL_S, deadline - now)  # the best plan so far gets one anneal (a loaded machine)
         # relocation is a greedy pass of evaluate() calls: at most a tenth of what is left with a time limit
         _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10)
         count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance)
         if _anneal(instance, cand, result, seed, count, share, deadline):
             done.add(cand.config)
+    if timed and time.perf_counter() < deadline:  # the probes' best continues, cooler (DEEPEN_SHARE)
+        _deepen(instance, candidates, result, seed + 2, done, DEEPEN_SHARE * (deadline - time.perf_counter()),
+                deadline, PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance))
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
         return
@@ -104,11 +123,19 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end,
             *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)))
     if timed and time.perf_counter() < deadline:
-        best = min((c for c in candidates if c.estimate is not None), key=lambda c: (c.estimate.iteration_time_s,
-                                                                                     c.config))
-        _anneal(instance, best, result, seed + 1, None, deadline - time.perf_counter(), deadline)
+        _deepen(instance, candidates, result, seed + 1, done, deadline - time.perf_counter(), deadline, None)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
+
+
+def _deepen(instance, candidates, result, seed, done: set, time_s, deadline, moves) -> None:
+    """The best plan so far annealed on for `time_s` (and at most `moves`) from where an earlier anneal left it:
+    WARM of the cooling schedule already done (re-heated to T0, a short anneal spends its time undoing and
+    re-finding what the last one found); hot if it was never annealed."""
+    best = min((c for c in candidates if c.estimate is not None), key=lambda c: (c.estimate.iteration_time_s,
+                                                                                 c.config))
+    if _anneal(instance, best, result, seed, moves, time_s, deadline, warm=WARM if best.config in done else 0.0):
+        done.add(best.config)
 
 
 def class_scale(instance) -> int:
@@ -142,6 +169,7 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
             if _anneal(instance, cand, result, seed + r, base * 2 ** r, budget_end - time.perf_counter(),
                        budget_end, start=start, repartition=solver):
                 result.gap_annealed += 1
+                done.add(cand.config)  # annealed: a later anneal of it may start cooler
 
 
 def _relocate(instance, cand, result, deadline) -> None:
@@ -161,7 +189,7 @@ def _keep(cand, placement, est, result) -> None:
 
 
 def _anneal(instance, cand, result, seed, moves, time_s, deadline, start="best",
-            repartition: str | None = None) -> bool:
+            repartition: str | None = None, warm: float = 0.0) -> bool:
     """Anneal one configuration (from `start`, by default its best placement); keep what improves it. With
     `repartition` (a backend name) the annealed map's layers are re-split exactly. False if nothing fits."""
     if start == "best":
@@ -169,7 +197,8 @@ def _anneal(instance, cand, result, seed, moves, time_s, deadline, start="best",
     if time_s is not None and time_s < MIN_ANNEAL_S:
         return False
     try:
-        found = anneal(instance, cand.config, seed=seed, max_moves=moves, time_limit_s=time_s, start=start)
+        found = anneal(instance, cand.config, seed=seed, max_moves=moves, time_limit_s=time_s, start=start,
+                       warm=warm)
     except InfeasibleError:  # no split of the start's map fits: nothing to start from
         return False
     result.annealed += 1
