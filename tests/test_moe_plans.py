@@ -242,3 +242,15 @@ def test_expert_group_split_bound_never_exceeds_evaluated_placements(seed, nodes
                 checked += 1
     assert checked >= 20
     assert raised >= 1
+
+
+def test_readme_says_the_self_check_covered_the_expert_groups(tmp_path):
+    """export_plan rebuilds Megatron's expert groups from the launch files before writing (launch.check_groups);
+    the README says so for a plan with expert parallelism."""
+    from test_export import _Scored
+
+    from solvers.outputs.export import export_plan
+    inst = mixtral()
+    p = default_placement(inst, tp=1, pp=2, dp=8, ep=8)
+    export_plan(inst, _Scored(p, evaluate(inst, p)), tmp_path)
+    assert "and its expert groups (ep, expert tp, expert dp, tp-ep)" in (tmp_path / "README.txt").read_text()

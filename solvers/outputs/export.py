@@ -371,8 +371,9 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
         written["report.html"] = out / "report.html"
     readme = [f"Launch files for the plan of {instance.name} ({instance.model.name}), written by llm-train-planner.",
               "plan: " + p.summary(), "",
-              "Group self-check passed: Megatron-LM's tp, cp, dp, dp-with-cp and pp groups rebuilt from "
-              + ("both launch routes" if torchrun is not None else "the Slurm route")
+              "Group self-check passed: Megatron-LM's tp, cp, dp, dp-with-cp and pp groups"
+              + (" and its expert groups (ep, expert tp, expert dp, tp-ep)" if p.ep * p.etp > 1 else "")
+              + " rebuilt from " + ("both launch routes" if torchrun is not None else "the Slurm route")
               + " equal the plan's groups.", ""]
     if torchrun is None:
         readme += ["No launch_torchrun.sh: some node hosts ranks that are not one contiguous block of equal size, "
