@@ -183,20 +183,6 @@ def test_deterministic_per_seed(h100):
     assert a.estimate.iteration_time_s <= a.start_s and a.estimate == evaluate(h100, a.placement)
 
 
-def test_warm_continuation_starts_cooler(h100):
-    """`warm`: a continuation of an annealed plan starts part-way down the cooling schedule (the search's
-    deepening anneals, solvers/search/close_gap.py): fewer uphill moves taken than re-heated, never worse than
-    its start, deterministic per seed."""
-    config = Config(4, 4, 2, 4, 5, 1, "none", 1)
-    first = anneal(h100, config, seed=3, max_moves=1500)
-    hot = anneal(h100, config, seed=4, max_moves=1500, start=first.placement)
-    warm = anneal(h100, config, seed=4, max_moves=1500, start=first.placement, warm=0.5)
-    again = anneal(h100, config, seed=4, max_moves=1500, start=first.placement, warm=0.5)
-    assert warm.placement == again.placement and warm.accepted == again.accepted
-    assert warm.estimate.iteration_time_s <= first.estimate.iteration_time_s
-    assert warm.accepted < hot.accepted
-
-
 def test_time_limit_only(h100):
     result = anneal(h100, Config(8, 4, 1, 4, 1, 1, "selective", 1), seed=0, time_limit_s=0.5)
     assert result.moves > 0 and result.wall_time_s < 3.0 and result.estimate.fits

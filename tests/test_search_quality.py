@@ -60,3 +60,21 @@ def test_planner_at_least_as_good_as_the_better_placement_on_irregular_8x8(irreg
     values = [v for _, v in result.history]
     assert times == sorted(times) and values == sorted(values, reverse=True) and values[-1] == pytest.approx(
         result.estimate.iteration_time_s)
+
+
+def test_warm_continuation_starts_cooler():
+    """`warm`: a continuation of an annealed plan starts part-way down the cooling schedule (the search's
+    deepening anneals, solvers/search/close_gap.py): fewer uphill moves taken than re-heated, never worse than
+    its start, deterministic per seed."""
+    from conftest import H100_128
+    from formulation.space import Config
+    from solvers.local.annealing import anneal
+    h100 = load_instance(H100_128)
+    config = Config(4, 4, 2, 4, 5, 1, "none", 1)
+    first = anneal(h100, config, seed=3, max_moves=1500)
+    hot = anneal(h100, config, seed=4, max_moves=1500, start=first.placement)
+    warm = anneal(h100, config, seed=4, max_moves=1500, start=first.placement, warm=0.5)
+    again = anneal(h100, config, seed=4, max_moves=1500, start=first.placement, warm=0.5)
+    assert warm.placement == again.placement and warm.accepted == again.accepted
+    assert warm.estimate.iteration_time_s <= first.estimate.iteration_time_s
+    assert warm.accepted < hot.accepted
