@@ -124,6 +124,12 @@ class Model:
             + self.vocab_size / (2.0 * L * h))
 
     # ---- activations (bytes per layer per micro-batch, 16-bit, before tp/cp division) --------------
+    @property
+    def mlp_kept_units(self) -> float:
+        """Bytes an MLP keeps for the backward per token and unit of its width, 16-bit: SwiGLU's gate and up outputs
+        and the activation (2 + 2 + 2), GELU's first output and the activation (2 + 2)."""
+        return 6.0 if self.mlp == "swiglu" else 4.0
+
     def activation_terms(self, seq: int, micro_batch: int) -> tuple[float, float, float]:
         """(tp-split bytes, bytes replicated across tp unless sequence parallel, attention-score bytes).
 
@@ -138,7 +144,7 @@ class Model:
         q_ratio = self.num_attention_heads * self.head_dim / self.hidden_size
         kv_ratio = self.num_kv_heads * self.head_dim / self.hidden_size
         ffn_ratio = self.ffn_hidden_size / self.hidden_size
-        mlp = ffn_ratio * (6.0 if self.mlp == "swiglu" else 4.0)
+        mlp = ffn_ratio * self.mlp_kept_units
         split = sbh * (2 * q_ratio + 4 * kv_ratio + 2 * q_ratio + mlp)
         replicated = sbh * (8.0 + (2.0 if self.dropout else 0.0))
         scores = float(self.num_attention_heads) * seq * seq * micro_batch * (5.0 if self.dropout else 2.0)

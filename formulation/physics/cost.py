@@ -168,6 +168,14 @@ def eager_stack(job) -> bool:
     return job.software_stack == "torchtitan" and not job.torch_compile and term("eager_elementwise")
 
 
+def activation_units(model, job) -> float:
+    """(C3) 16-bit passes of the MLP activation per unit of its width: SwiGLU reads gate and up and writes their
+    product (3; eager PyTorch runs silu and the product as two kernels: 5), GELU reads and writes (2)."""
+    if model.mlp != "swiglu":
+        return 2.0
+    return 5.0 if eager_stack(job) else 3.0
+
+
 def elementwise_bytes(model, job, p, gpu_type=None) -> float:
     """(C3) Memory-bound work of one layer's forward: passes over [tokens, h] 16-bit tensors (units of 2 bytes).
 
@@ -190,8 +198,7 @@ def elementwise_bytes(model, job, p, gpu_type=None) -> float:
     rotary = 0.0 if model.learned_position_embeddings else (10.0 if eager else 2.0) * qk
     eager_norms = eager and model.norm == "rmsnorm"
     replicated = (40.0 if eager_norms else 4.0) + 6.0 + (6.0 if model.dropout else 0.0)
-    swiglu = 5.0 if eager else 3.0
-    split = rotary + (swiglu if model.mlp == "swiglu" else 2.0) * f / h
+    split = rotary + activation_units(model, job) * f / h
     if gpu_type is not None and fp8_gemms(job, gpu_type):
         replicated += 1.5 * 2  # QKV and fc1 inputs (cast on the sequence-parallel shard)
         split += 1.5 * (1 + f / h)  # projection and fc2 inputs

@@ -84,15 +84,27 @@ def expert_matmul_time(model, job, p, gpu_type) -> float:
     return local * gpu_type.matmul_time(per_expert * per_row, per_expert * per_row / 1e9, fp8=fp8)
 
 
+def router_time(model, job, p, gpu_type) -> float:
+    """(E4) The router's GEMM, forward: 2 x tokens / tp x h x E (each tp rank routes its sequence-parallel share),
+    in 16 bits also in FP8 runs."""
+    flops = 2.0 * routed_tokens(job, p) * model.hidden_size * model.moe.num_experts
+    return gpu_type.matmul_time(flops, flops / 1e9)
+
+
+def permute_bytes(model, job, p) -> float:
+    """(E6) The dispatcher's permute and unpermute of the k copies, forward: read + write each, 4 k passes over
+    [tokens / tp, h] 16-bit values."""
+    return 4 * model.moe.topk * routed_tokens(job, p) * model.hidden_size * 2.0
+
+
 def _moe_matmul_time(model, job, p, gpu_type, tokens: float) -> float:
-    """Forward GEMMs of one MoE layer: attention projections, shared experts (split by tp), the router
-    (2 x tokens / tp x h x E, each tp rank routing its sequence-parallel share) and the routed experts."""
+    """Forward GEMMs of one MoE layer: attention projections, shared experts (split by tp), the router and the
+    routed experts."""
     moe, h = model.moe, model.hidden_size
     dense = 2.0 * tokens * (attention_params(model) + model.mlp_matrices * h * moe.shared_expert_ffn_hidden_size)
-    router = 2.0 * routed_tokens(job, p) * h * moe.num_experts
     fp8 = cost.fp8_gemms(job, gpu_type)
     flops = dense / p.tp
-    return (gpu_type.matmul_time(flops, flops / 1e9, fp8=fp8) + gpu_type.matmul_time(router, router / 1e9)
+    return (gpu_type.matmul_time(flops, flops / 1e9, fp8=fp8) + router_time(model, job, p, gpu_type)
             + expert_matmul_time(model, job, p, gpu_type))
 
 
@@ -128,8 +140,7 @@ def elementwise_bytes(model, job, p, gpu_type, kind: str | None = None) -> float
     width = moe.shared_expert_ffn_hidden_size + moe.topk * moe.expert_ffn_hidden_size
     mean_width = (1 - share) * model.ffn_hidden_size + share * width
     base = cost.elementwise_bytes(dataclasses.replace(model, ffn_hidden_size=round(mean_width)), job, p, gpu_type)
-    permute = share * 4 * moe.topk * routed_tokens(job, p) * model.hidden_size * 2.0
-    return base + permute
+    return base + share * permute_bytes(model, job, p)
 
 
 def dispatch_bytes(model, job, p) -> float:

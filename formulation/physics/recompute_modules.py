@@ -64,12 +64,6 @@ def _separate_norms(model, moe_layer: bool) -> int:
     return (1 if moe_layer and model.moe is not None else 0) + (1 if model.mla is not None else 0)
 
 
-def _mlp_units(model) -> float:
-    """Bytes per token and unit of width an MLP keeps: SwiGLU's gate and up outputs and the activation (2 + 2 + 2),
-    GELU's first output and the activation (2 + 2) (formulation/inputs/model.py activation_terms)."""
-    return 6.0 if model.mlp == "swiglu" else 4.0
-
-
 def dropped_bytes(model, job, p, kind: str | None = None) -> float:
     """(M4') Bytes per layer and micro-batch that the active modules do not keep, of a layer of `kind` ("dense" /
     "moe"; None: an MoE layer where the model has experts). Also the working bytes of the one layer being
@@ -86,10 +80,10 @@ def dropped_bytes(model, job, p, kind: str | None = None) -> float:
         dropped += _separate_norms(model, moe_layer) * 2.0 * tokens * h / sp
     if "mlp" in modules and not moe_layer:
         fc2_input = tokens * model.ffn_hidden_size if fp8_inputs else 0.0
-        dropped += (_mlp_units(model) * tokens * model.ffn_hidden_size - fc2_input) / p.tp
+        dropped += (model.mlp_kept_units * tokens * model.ffn_hidden_size - fc2_input) / p.tp
         dropped += (1.0 if fp8_inputs else 2.0) * tokens * h / sp
     if moe_layer:
-        shared = _mlp_units(model) * tokens * model.moe.shared_expert_ffn_hidden_size / p.tp
+        shared = model.mlp_kept_units * tokens * model.moe.shared_expert_ffn_hidden_size / p.tp
         if "moe" in modules:
             dropped += moe_memory.routed_activation_bytes(model, job, p) + shared
         else:
@@ -119,11 +113,11 @@ def extra_backward_time(model, job, p, gpu_type, attention_fwd: float, kind: str
     fp8 = cost.fp8_gemms(job, gpu_type)
     share = moe_cost.kind_share(model, kind)  # the MoE share of the layer described (docs/moe.md (E1))
 
-    def gemm(flops: float, wide: bool = True) -> float:
-        return gpu_type.matmul_time(flops, flops / 1e9, fp8=fp8 and wide) if flops > 0 else 0.0
+    def gemm(flops: float) -> float:
+        return gpu_type.matmul_time(flops, flops / 1e9, fp8=fp8) if flops > 0 else 0.0
 
-    def activation(width: float, rows: float) -> float:  # the MLP activation: reads the GEMM's output, writes width
-        return (3.0 if model.mlp == "swiglu" else 2.0) * rows * width * 2.0 / hbm
+    def activation(width: float, rows: float) -> float:  # the MLP activation over `rows` tokens of `width`
+        return cost.activation_units(model, job) * rows * width * 2.0 / hbm
 
     extra = attention_fwd if "core_attn" in modules else 0.0
     if "layernorm" in modules:
@@ -139,10 +133,9 @@ def extra_backward_time(model, job, p, gpu_type, attention_fwd: float, kind: str
         copies = moe_cost.expert_tokens(model, job, p)
         expert_act = activation(moe.expert_ffn_hidden_size / p.etp, copies)
         if "moe" in modules:
-            router = gemm(2.0 * moe_cost.routed_tokens(job, p) * h * moe.num_experts, wide=False)
-            permute = 4 * moe.topk * moe_cost.routed_tokens(job, p) * h * 2.0 / hbm
-            extra += share * (router + moe_cost.expert_matmul_time(model, job, p, gpu_type) + expert_act + shared
-                              + permute)
+            extra += share * (moe_cost.router_time(model, job, p, gpu_type) + expert_act + shared
+                              + moe_cost.expert_matmul_time(model, job, p, gpu_type)
+                              + moe_cost.permute_bytes(model, job, p) / hbm)
         else:
             if "moe_act" in modules:
                 extra += share * expert_act
