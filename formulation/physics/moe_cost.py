@@ -160,12 +160,19 @@ def all_to_all_time(message: float, links: cost.GroupLinks, cluster) -> float:
     n = links.size
     if n <= 1 or message <= 0:
         return 0.0
-    intra_eff, inter_eff = cost.collective_efficiency(cluster)
     if links.nodes == 1:
+        intra_eff = cost.collective_efficiency(cluster)[0]
         return (n - 1) / n * message / (intra_eff * links.intra_gb_per_s * 1e9) + cluster.intra_latency_s
     k = links.per_node
-    intra = (k - 1) / n * message / (intra_eff * links.intra_gb_per_s * 1e9) if k > 1 else 0.0
-    inter = (n - k) / n * message / (inter_eff * links.inter_gb_per_s * 1e9)
+    return _both_levels((k - 1) / n * message, (n - k) / n * message, links, cluster)
+
+
+def _both_levels(intra_bytes: float, inter_bytes: float, links: cost.GroupLinks, cluster) -> float:
+    """A GPU's bytes over NVLink and over its NIC moving at once, each at NCCL's line-rate share: the slower of
+    the two plus one inter-node latency step ((E7), (E7'))."""
+    intra_eff, inter_eff = cost.collective_efficiency(cluster)
+    intra = intra_bytes / (intra_eff * links.intra_gb_per_s * 1e9) if intra_bytes > 0 else 0.0
+    inter = inter_bytes / (inter_eff * links.inter_gb_per_s * 1e9)
     return max(intra, inter) + cluster.inter_latency_s
 
 
@@ -189,14 +196,12 @@ def deepep_time(model, job, p, links: cost.GroupLinks, cluster) -> float:
     NVLink forwards it to the experts' GPUs. Per GPU: (T / t) rho 2h bytes x `remote_nodes_per_token` over its NIC
     and k_top (T / t) rho 2h (k - 1) / k over NVLink (the copies that land on another GPU of a node), both at once,
     at NCCL's line-rate shares as (E7), plus one latency step. Inside one node it is (E7)'s all-to-all."""
+    copies = dispatch_bytes(model, job, p)  # k_top (T / t) rho 2h
     if links.nodes <= 1:
-        return all_to_all_time(dispatch_bytes(model, job, p), links, cluster)
-    intra_eff, inter_eff = cost.collective_efficiency(cluster)
-    token = routed_tokens(job, p) * job.moe_load_imbalance * 2.0 * model.hidden_size
+        return all_to_all_time(copies, links, cluster)
     k = links.per_node
-    intra = model.moe.topk * token * (k - 1) / k / (intra_eff * links.intra_gb_per_s * 1e9) if k > 1 else 0.0
-    inter = token * remote_nodes_per_token(model, links) / (inter_eff * links.inter_gb_per_s * 1e9)
-    return max(intra, inter) + cluster.inter_latency_s
+    return _both_levels(copies * (k - 1) / k, copies / model.moe.topk * remote_nodes_per_token(model, links),
+                        links, cluster)
 
 
 def ep_layer_comm(model, job, p, links: cost.GroupLinks, cluster) -> float:
