@@ -69,8 +69,8 @@ PHASE1_NODE_CLASSES = 8
 # then the best plan after them is annealed on for this share of what is left (at most as many proposals; a
 # short budget is best spent deep on the plan most likely to win; 0.8 by the clock alone, with the anneals of
 # plans 1 % above the best skipped, did not help: measured_16 at 10 s, 3 seeds, 7.80776-7.80787 s against
-# 7.80706-7.80746 s), starting
-# WARM of the way down its cooling schedule (T0 / 1000^WARM): it continues an annealed plan
+# 7.80706-7.80746 s), starting WARM of the way down its cooling schedule (T0 / 1000^WARM): it continues an
+# annealed plan
 DEEPEN_SHARE = 0.5
 WARM = 0.5
 # with a time limit, the last share of what phase 2 starts with goes to one clock-driven anneal of the best plan
