@@ -183,7 +183,7 @@ def anneal(instance, config: Config, *, seed: int = 0, max_moves: int | None = N
         if progress is not None and moves % 1000 == 0:
             progress(moves, best)
     placement = placement_for(config, best_layers, best_perm[:world])
-    return AnnealResult(placement=placement, estimate=_checked_estimate(instance, placement, best), moves=moves,
+    return AnnealResult(placement=placement, estimate=checked_estimate(instance, placement, best), moves=moves,
                         accepted=accepted, wall_time_s=time.perf_counter() - t_start, start_s=start_s,
                         history=history)
 
@@ -239,7 +239,7 @@ def _accept(sc, total: float | None, rng, temperature: float, slack_temperature:
     return d <= 0 or rng.random() < math.exp(-d / slack_temperature)
 
 
-def _checked_estimate(instance, placement: Placement, best: float):
+def checked_estimate(instance, placement: Placement, best: float):
     """The evaluator's estimate of the annealed placement, which must equal the incremental scorer's."""
     estimate = evaluate(instance, placement, check=True)
     if not estimate.fits or abs(estimate.iteration_time_s - best) > 1e-9 * best:

@@ -60,6 +60,7 @@ class Moves:
                    "segment": gpu_moves and self.window >= 4, "layer": layer_moves,
                    "node_insert": node_moves and len(cl.nodes) > 2, "node_reverse": node_moves and len(cl.nodes) > 2,
                    "critical": node_moves and scorer.dp * scorer.cp > 1}
+        self.node_moves = node_moves
         self.reset_inverse()
         # every node one uniform class (all its GPUs alike) and the start node-aligned (_node_aligned): node moves first
         node_level = len(set(self.cls)) == len(cl.nodes) and self._node_aligned()
@@ -87,6 +88,7 @@ class Moves:
         return True
 
     def reset_inverse(self) -> None:
+        self._order = None  # the node order follows the permutation
         self.pos_of = [0] * self.N
         for x, g in enumerate(self.sc.perm):
             self.pos_of[g] = x
@@ -173,17 +175,32 @@ class Moves:
         return {a: g, self.pos_of[g]: perm[a]}
 
     def _nodes(self):
-        rng = self.rng
         n_nodes = len(self.node_gpus)
         for _ in range(8):
-            a, b = (int(v) for v in rng.choice(n_nodes, size=2, replace=False))
-            if self.node_class[a] != self.node_class[b] and len(self.node_gpus[a]) == len(self.node_gpus[b]):
-                changes = {}
-                for ga, gb in zip(self.node_gpus[a], self.node_gpus[b]):
-                    changes[self.pos_of[ga]] = gb
-                    changes[self.pos_of[gb]] = ga
+            a, b = (int(v) for v in self.rng.choice(n_nodes, size=2, replace=False))
+            changes = self.node_swap(a, b)
+            if changes is not None:
                 return changes
         return None
+
+    def node_swap(self, a: int, b: int):
+        """Nodes a and b trade the ranks they serve (local index for local index); None if they are
+        interchangeable or differ in size."""
+        if self.node_class[a] == self.node_class[b] or len(self.node_gpus[a]) != len(self.node_gpus[b]):
+            return None
+        changes = {}
+        for ga, gb in zip(self.node_gpus[a], self.node_gpus[b]):
+            changes[self.pos_of[ga]] = gb
+            changes[self.pos_of[gb]] = ga
+        return changes
+
+    def node_kick(self):
+        """One random node move, a swap, an insert or a reverse of a segment of the node order (the kick of
+        solvers/local/polish.py's iterated descent); None when the draw found none."""
+        r = self.rng.random()
+        if len(self.node_gpus) > 2 and r < 2 / 3:
+            return self._node_insert() if r < 1 / 3 else self._node_reverse()
+        return self._nodes()
 
     def _critical(self):
         """Pipette's node swap aimed at the bottleneck: a stage whose data-parallel sync is exposed within 1 % of
