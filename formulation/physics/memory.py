@@ -167,11 +167,33 @@ def _layer_activations(model, job, p, kind: str) -> tuple[float, float]:
     return kept - dropped, working + dropped
 
 
+# memory_coefficients depends on the instance, the configuration (not the layers or GPUs), the stage, the kind and
+# the physics switches; the annealer asks for the same few thousands of times (a model with both layer kinds six
+# times per stage it rescores), so they are kept. The entry holds the instance, which keeps its id from being
+# reused while the entry lives.
+_COEFFICIENTS: dict = {}
+_COEFFICIENTS_LIMIT = 1 << 16
+_CONFIG_FIELDS = ("tp", "pp", "cp", "dp", "vpp", "micro_batch_size", "recompute", "zero_stage", "ep", "etp")
+
+
 def memory_coefficients(instance, p, stage: int, kind: str | None = None) -> MemoryCoefficients:
     """(M1)-(M6) Per-GPU bytes of `stage` as affine functions of its layer count, the per-layer terms those of a
     layer of `kind` (docs/moe.md (E1)): "dense" or "moe"; None is the model's MoE layer if it has experts, else
     its dense layer. The fixed terms are the stage's whatever its layers' kinds: with full recompute the
-    working memory of the layer being recomputed is the heavier kind's (a stage may hold both)."""
+    working memory of the layer being recomputed is the heavier kind's (a stage may hold both). `p`: a Config or
+    Placement (only its configuration matters)."""
+    key = (id(instance), *(getattr(p, f) for f in _CONFIG_FIELDS), stage, kind, *cost.PHYSICS_TERMS.values())
+    hit = _COEFFICIENTS.get(key)
+    if hit is not None and hit[0] is instance:
+        return hit[1]
+    value = _memory_coefficients(instance, p, stage, kind)
+    if len(_COEFFICIENTS) >= _COEFFICIENTS_LIMIT:
+        _COEFFICIENTS.clear()
+    _COEFFICIENTS[key] = (instance, value)
+    return value
+
+
+def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoefficients:
     model, job = instance.model, instance.training
     kind = kind or ("moe" if model.moe is not None else "dense")
     w_bytes, g_bytes, o_bytes = job.bytes_per_param_state

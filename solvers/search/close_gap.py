@@ -19,7 +19,8 @@ phase 1 is a race: each of the best configurations gets a short anneal (PHASE1_S
 PHASE1_MOVES_FACTOR x ANNEAL_MOVES proposals), then the best plan after them is annealed on (DEEPEN_SHARE of what
 is left, as many proposals at most); phase 2 runs rounds until FINAL_SHARE of the time it started with is left,
 and that goes to iterated descent on the best plan found (solvers/local/polish.py: every node swap and layer move
-tried in turn, kicked and tried again). Without a time limit the best plan gets one deterministic descent.
+tried in turn, kicked and tried again) on clusters of at most POLISH_NODES nodes, else to one more warm anneal of
+it. Without a time limit the best plan on those clusters gets one deterministic descent.
 The winner is the one that most needs depth, but which one wins shows only after annealing (measured_64: the best
 default split is pp=4, the best annealed plan pp=8); and the anneals that continue a plan start WARM of the way
 down their cooling schedule, not re-heated (measured_64, pp=8, 3 seeds: an anneal of 2 s then one of 4 s from
@@ -75,13 +76,14 @@ PHASE1_NODE_CLASSES = 8
 # annealed plan
 DEEPEN_SHARE = 0.5
 WARM = 0.5
-# with a time limit, the last share of what phase 2 starts with goes to iterated descent on the best plan found
-# (solvers/local/polish.py: every node swap and layer move tried in turn, kicked and tried again; depth where the
-# winner is, after breadth where the bound points). It used to go to one more warm anneal; from the same plans
-# the descent ends lower (measured_16, 10 s plans: 3 s of it 7.807064-7.807283 s, node-SA's 10 s 7.80726-7.80750 s),
-# and at 10 s on measured_32 / 64 (3 seeds) auto's median went 7.9115 -> 7.8954 s and 8.0132 -> 8.0121 s with all
-# of the share to it instead of half. Without a time limit one descent of at most POLISH_SWEEPS sweeps, on
-# clusters of at most POLISH_NODES nodes (a sweep tries every pair of nodes)
+# with a time limit, the last share of what phase 2 starts with goes to the best plan found (depth where the
+# winner is, after breadth where the bound points): on clusters of at most POLISH_NODES nodes to iterated descent
+# (solvers/local/polish.py: every node swap and layer move tried in turn, kicked and tried again), on larger ones
+# to one more warm anneal (a sweep over 128 nodes' 8,128 pairs costs seconds: deepseek_v3_h100_1024 ended 0.01 %
+# worse at 60 s with the descent). From the same plans the descent ends lower than the anneal (measured_16, 10 s
+# plans: 3 s of it 7.807064-7.807283 s, node-SA's 10 s 7.80726-7.80750 s), and at 10 s on measured_32 / 64
+# (3 seeds) auto's median went 7.9115 -> 7.8954 s and 8.0132 -> 8.0121 s with all of the share to it instead of
+# half. Without a time limit one descent of at most POLISH_SWEEPS sweeps on those clusters: deterministic
 FINAL_SHARE = 0.3
 POLISH_SWEEPS = 20
 POLISH_NODES = 64
@@ -127,11 +129,15 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
         result.stopped = "time limit"
         return
     budget_end = min(deadline, time.perf_counter() + GAP_BUDGET_S) if deadline == INF else deadline
-    if timed:  # the last FINAL_SHARE of the time deepens the best plan found (below)
+    if timed:  # the last FINAL_SHARE of the time goes to the best plan found (below)
         budget_end = deadline - FINAL_SHARE * (deadline - time.perf_counter())
     _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end,
             *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)))
-    _polish(instance, candidates, result, seed + 1, deadline if timed else None, deadline)
+    small = len(instance.cluster.nodes) <= POLISH_NODES
+    if timed and not small and time.perf_counter() < deadline:  # a descent sweep costs seconds: anneal on
+        _deepen(instance, candidates, result, seed + 1, done, deadline - time.perf_counter(), deadline, None)
+    elif small:
+        _polish(instance, candidates, result, seed + 1, deadline if timed else None, deadline)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
 
