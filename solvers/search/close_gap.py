@@ -146,22 +146,27 @@ def _deepen(instance, candidates, result, seed, done: set, time_s, deadline, mov
     """The best plan so far annealed on for `time_s` (and at most `moves`) from where an earlier anneal left it:
     WARM of the cooling schedule already done (re-heated to T0, a short anneal spends its time undoing and
     re-finding what the last one found); hot if it was never annealed."""
-    best = min((c for c in candidates if c.estimate is not None), key=lambda c: (c.estimate.iteration_time_s,
-                                                                                 c.config))
-    if _anneal(instance, best, result, seed, moves, time_s, deadline, warm=WARM if best.config in done else 0.0):
+    best = _best(candidates)
+    if best is not None and _anneal(instance, best, result, seed, moves, time_s, deadline,
+                                    warm=WARM if best.config in done else 0.0):
         done.add(best.config)
+
+
+def _best(candidates):
+    """The candidate holding the best plan so far (None before any plan)."""
+    return min((c for c in candidates if c.estimate is not None), default=None,
+               key=lambda c: (c.estimate.iteration_time_s, c.config))
 
 
 def _polish(instance, candidates, result, seed, deadline, fallback_deadline: float = INF) -> None:
     """The best plan's iterated descent (solvers/local/polish.py) until `deadline`; without one (None), a single
-    descent of at most POLISH_SWEEPS sweeps (deterministic) on clusters of at most POLISH_NODES nodes, stopped at
-    `fallback_deadline` (the search's own, when its anneals run on move counts)."""
-    best = min((c for c in candidates if c.estimate is not None), default=None,
-               key=lambda c: (c.estimate.iteration_time_s, c.config))
+    descent of at most POLISH_SWEEPS sweeps (deterministic), stopped at `fallback_deadline` (the search's own,
+    when its anneals run on move counts)."""
+    best = _best(candidates)
     if best is None:
         return
     if deadline is None:  # one descent, cut only by the search's deadline if it has one
-        if len(instance.cluster.nodes) > POLISH_NODES or time.perf_counter() >= fallback_deadline:
+        if time.perf_counter() >= fallback_deadline:
             return
         found = polish(instance, best.placement, max_sweeps=POLISH_SWEEPS, kicks=False,
                        time_limit_s=None if fallback_deadline == INF else fallback_deadline - time.perf_counter())
