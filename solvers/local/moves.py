@@ -105,8 +105,13 @@ class Moves:
         perm, cls = self.sc.perm, self.cls
         if not any(cls[g] != cls[perm[x]] for x, g in changes.items() if x < self.world):
             return None
+        return kind, self.score(changes)
+
+    def score(self, changes: dict) -> float | None:
+        """The scorer's total with the map changed by `changes` (position -> GPU), None if a stage stops fitting;
+        follow with `commit(kind, total)` or `sc.reject()`."""
         self.last = changes
-        return kind, self.sc.propose_perm(changes)
+        return self.sc.propose_perm(changes)
 
     def commit(self, kind: str, total: float) -> None:
         self.sc.commit(total)

@@ -35,26 +35,39 @@ def _improves(total, current: float) -> bool:
     return total is not None and total < current * (1 - 1e-12)
 
 
-def _node_sweep(sc, mv: Moves, deadline: float) -> bool:
+class _Tally:
+    """Proposals scored and taken (AnnealResult's `moves` and `accepted`)."""
+
+    def __init__(self):
+        self.scored = self.taken = 0
+
+    def take_if(self, sc, total, better: bool) -> bool:
+        """Count a scored proposal; True if it is to be committed (`better`, or any fitting one)."""
+        self.scored += 1
+        ok = total is not None and (_improves(total, sc.total) if better else True)
+        if ok:
+            self.taken += 1
+        else:
+            sc.reject()
+        return ok
+
+
+def _node_sweep(sc, mv: Moves, tally: _Tally, deadline: float) -> bool:
     """One pass over every pair of nodes of different classes and equal size; True if a swap was taken."""
     improved = False
     for k, (a, b) in enumerate(itertools.combinations(range(len(mv.node_gpus)), 2)):
         if k % CLOCK_EVERY == 0 and time.perf_counter() >= deadline:
             break
         changes = mv.node_swap(a, b)
-        if changes is None:
-            continue
-        mv.last = changes
-        total = sc.propose_perm(changes)
-        if _improves(total, sc.total):
-            mv.commit("nodes", total)
-            improved = True
-        else:
-            sc.reject()
+        if changes is not None:
+            total = mv.score(changes)
+            if tally.take_if(sc, total, better=True):
+                mv.commit("nodes", total)
+                improved = True
     return improved
 
 
-def _layer_sweep(sc, deadline: float) -> bool:
+def _layer_sweep(sc, tally: _Tally, deadline: float) -> bool:
     """One pass over every move of one chunk (vpp layers) from a stage to another; True if one was taken."""
     improved = False
     for src, dst in itertools.permutations(range(sc.pp), 2):
@@ -66,25 +79,21 @@ def _layer_sweep(sc, deadline: float) -> bool:
         layers[src] -= sc.vpp
         layers[dst] += sc.vpp
         total = sc.propose_layers(layers)
-        if _improves(total, sc.total):
+        if tally.take_if(sc, total, better=True):
             sc.commit(total)
             improved = True
-        else:
-            sc.reject()
     return improved
 
 
-def descend(sc, mv: Moves, deadline: float, max_sweeps: int | None = None) -> int:
-    """Node and layer sweeps until neither improves (a local optimum of both), the deadline or `max_sweeps`;
-    returns the sweeps done."""
+def descend(sc, mv: Moves, tally: _Tally, deadline: float, max_sweeps: int | None = None) -> None:
+    """Node and layer sweeps until neither improves (a local optimum of both), the deadline or `max_sweeps`."""
     sweeps = 0
     while time.perf_counter() < deadline and (max_sweeps is None or sweeps < max_sweeps):
         sweeps += 1
-        nodes = _node_sweep(sc, mv, deadline) if mv.node_moves else False
-        layers = _layer_sweep(sc, deadline) if sc.pp > 1 else False
+        nodes = _node_sweep(sc, mv, tally, deadline) if mv.node_moves else False
+        layers = _layer_sweep(sc, tally, deadline) if sc.pp > 1 else False
         if not (nodes or layers):
             break
-    return sweeps
 
 
 def polish(instance, start, *, seed: int = 0, time_limit_s: float | None = None,
@@ -99,24 +108,19 @@ def polish(instance, start, *, seed: int = 0, time_limit_s: float | None = None,
     mv = Moves(sc, rng)
     start_s = sc.total
     history = [(0.0, start_s)]
-    kicked = 0
-    descend(sc, mv, deadline, max_sweeps)
+    tally = _Tally()
+    descend(sc, mv, tally, deadline, max_sweeps)
     best, best_perm, best_layers = sc.total, list(sc.perm), list(sc.layers)
     if best < start_s:
         history.append((time.perf_counter() - t_start, best))
     while kicks and time_limit_s is not None and mv.node_moves and time.perf_counter() < deadline:
-        kicked += 1
         for _ in range(int(rng.integers(KICK_MOVES[0], KICK_MOVES[1] + 1))):
             changes = mv.node_kick()
-            if changes is None:
-                continue
-            mv.last = changes
-            total = sc.propose_perm(changes)
-            if total is None:
-                sc.reject()
-            else:
-                mv.commit("nodes", total)
-        descend(sc, mv, deadline)
+            if changes is not None:
+                total = mv.score(changes)
+                if tally.take_if(sc, total, better=False):  # a kick goes uphill too, if it fits
+                    mv.commit("nodes", total)
+        descend(sc, mv, tally, deadline)
         if _improves(sc.total, best):
             best, best_perm, best_layers = sc.total, list(sc.perm), list(sc.layers)
             history.append((time.perf_counter() - t_start, best))
@@ -125,6 +129,6 @@ def polish(instance, start, *, seed: int = 0, time_limit_s: float | None = None,
             sc.rebuild()
             mv.reset_inverse()
     placement = placement_for(start.config, best_layers, best_perm[:sc.world])
-    return AnnealResult(placement=placement, estimate=checked_estimate(instance, placement, best), moves=kicked,
-                        accepted=len(history) - 1, wall_time_s=time.perf_counter() - t_start, start_s=start_s,
+    return AnnealResult(placement=placement, estimate=checked_estimate(instance, placement, best), moves=tally.scored,
+                        accepted=tally.taken, wall_time_s=time.perf_counter() - t_start, start_s=start_s,
                         history=history)
