@@ -37,6 +37,9 @@ PHYSICS_TERMS = {
     "imperfect_dp_overlap": True,  # so does the dp gradient reduce-scatter / parameter all-gather hidden by compute
     "unfused_loss_buffers": True,  # torchtitan's fp32 cross entropy keeps log-softmax and its gradient
     "fsdp_pp_unsharded": True,  # torchtitan keeps FSDP parameters unsharded across micro-batches with pp
+    # a fixed time per iteration (optimizer launches, loss and grad-norm all-reduces, logging), fitted with the
+    # efficiencies (solvers/validation/joint_fit.py); off: the fits hold it at 0
+    "iteration_overhead": True,
 }
 # Share of an overlapped tensor-parallel collective that stays on the critical path even when GEMMs could hide
 # it: the communication kernels take SMs and HBM bandwidth from the GEMMs they run beside. torchtitan's

@@ -3,9 +3,9 @@ refit whatever is fitted on the other sources only, then predict that source.
 
 Rows of one source share hardware, software, flags and authors, so a random split measures interpolation;
 predicting a source that never took part in the fit is what a new user's cluster looks like. What is fitted
-is the per-chip, per-stack GEMM efficiency of `calibrate` (C1); each fold fits it by least squares of the log
-errors on the fold's own rows, starting from the catalog's default. Nothing a fold uses has seen the held-out
-source. A chip and stack with no rows outside the held-out source falls back to the chip's Megatron fit of
+is what `calibrate` fits (solvers/validation/joint_fit.py): the per-chip, per-stack GEMM efficiency (C1) and the
+per-iteration overhead every run shares (C14), by least squares of the log errors on the fold's own rows.
+Nothing a fold uses has seen the held-out source. A chip and stack with no rows outside the held-out source falls back to the chip's Megatron fit of
 the fold, else the catalog's uncalibrated defaults: what a new user gets.
 """
 
@@ -16,14 +16,13 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import evaluate
 from formulation.inputs.gpus import gpu_catalog
 from formulation.physics.memory import GIB
-from solvers.validation.calibrate import (EXCLUDED, FITTED, calibration_key, chip_of,
-                                          log_errors, to_params, to_vector, with_parameters)
+from solvers.validation.calibrate import EXCLUDED, calibration_key, chip_of, with_parameters
+from solvers.validation.joint_fit import TimeTables, joint_fit
 from solvers.validation.runs import Run, load_runs
 
 # Source families: one family per document (or set of documents) written by one team for one stack and era.
@@ -61,13 +60,6 @@ def measured_oom(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.measured_oom and r.instance is not None and r.row not in EXCLUDED]
 
 
-def fit_least_squares(rows: list[Run], start: dict) -> dict:
-    """The GEMM efficiency minimising the squared log error of iteration time over `rows`, from `start`."""
-    result = least_squares(lambda x: log_errors(rows, to_params(x)), to_vector(start), method="trf",
-                           diff_step=1e-3, ftol=1e-6, xtol=1e-6, max_nfev=60)
-    return to_params(result.x)
-
-
 @dataclass
 class Prediction:
     run: Run
@@ -93,31 +85,23 @@ def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adju
     `adjust(instance)` is applied last (a user's calibration knobs)."""
     ooms = measured_oom(runs)
     runs = scored(runs)
-    families = sorted({source_family(r.source) for r in runs})
-    cache: dict[tuple, dict] = {}
-    defaults = {k: gpu_catalog()["__default__"][k] for k in FITTED}
-
-    def fit_for(key: str, train: list[Run]) -> dict | None:
-        rows = [r for r in train if chip_of(r.gpu_type) and calibration_key(r) == key]
-        if not rows:
-            return None
-        ident = (key, tuple(sorted(r.row for r in rows)))
-        if ident not in cache:
-            cache[ident] = fit_least_squares(rows, defaults)
-        return cache[ident]
-
-    families = sorted(set(families) | {source_family(r.source) for r in ooms})
+    fitted = [r for r in runs if r.fitted and chip_of(r.gpu_type)]
+    tables = None if in_sample else TimeTables(fitted, with_parameters)
+    default_efficiency = gpu_catalog()["__default__"]["matmul_efficiency"]
+    families = sorted({source_family(r.source) for r in runs} | {source_family(r.source) for r in ooms})
     out = []
     for k, family in enumerate(families):
         held = [r for r in runs + ooms if source_family(r.source) == family]
-        train = [r for r in runs if source_family(r.source) != family and r.fitted]
+        fit = None if in_sample else joint_fit([r for r in fitted if source_family(r.source) != family],
+                                               calibration_key, tables)
         for run in held:
             params = None
-            if chip_of(run.gpu_type) and not in_sample:
+            if fit is not None and chip_of(run.gpu_type):
                 key = calibration_key(run)
-                # no rows of this chip elsewhere: the catalog's uncalibrated defaults, never the stored fit
-                # (which saw this source)
-                params = fit_for(key, train) or fit_for(key.partition("+")[0], train) or defaults
+                # no rows of this chip elsewhere: the catalog's uncalibrated default efficiency, never the stored
+                # fit (which saw this source)
+                efficiency = fit.efficiency.get(key, fit.efficiency.get(key.partition("+")[0], default_efficiency))
+                params = {"matmul_efficiency": efficiency, "iteration_overhead_s": fit.overhead_s}
             instance = with_parameters(run, params) if params else run.instance
             instance = adjust(instance) if adjust else instance
             est = evaluate(instance, run.placement, check=False)
