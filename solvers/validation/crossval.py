@@ -96,12 +96,14 @@ def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adju
                                                calibration_key, tables)
         for run in held:
             params = None
+            if fit is not None:  # the fold's overhead for every run, a chip without a fit (B200) included
+                params = {"iteration_overhead_s": fit.overhead_s}
             if fit is not None and chip_of(run.gpu_type):
                 key = calibration_key(run)
                 # no rows of this chip elsewhere: the catalog's uncalibrated default efficiency, never the stored
                 # fit (which saw this source)
-                efficiency = fit.efficiency.get(key, fit.efficiency.get(key.partition("+")[0], default_efficiency))
-                params = {"matmul_efficiency": efficiency, "iteration_overhead_s": fit.overhead_s}
+                params["matmul_efficiency"] = fit.efficiency.get(key, fit.efficiency.get(key.partition("+")[0],
+                                                                                         default_efficiency))
             instance = with_parameters(run, params) if params else run.instance
             instance = adjust(instance) if adjust else instance
             est = evaluate(instance, run.placement, check=False)
