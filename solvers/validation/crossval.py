@@ -3,10 +3,11 @@ refit whatever is fitted on the other sources only, then predict that source.
 
 Rows of one source share hardware, software, flags and authors, so a random split measures interpolation;
 predicting a source that never took part in the fit is what a new user's cluster looks like. What is fitted
-is what `calibrate` fits (solvers/validation/joint_fit.py): the per-chip, per-stack GEMM efficiency (C1) and the
-per-iteration overhead every run shares (C14), by least squares of the log errors on the fold's own rows.
-Nothing a fold uses has seen the held-out source. A chip and stack with no rows outside the held-out source falls back to the chip's Megatron fit of
-the fold, else the catalog's uncalibrated defaults: what a new user gets.
+is what `calibrate` fits (solvers/validation/joint_fit.py): the per-chip, per-stack GEMM efficiency (C1) and
+the per-iteration overhead every run shares (C14), by least squares of the log errors on the fold's own rows.
+Nothing a fold uses has seen the held-out source. A chip and stack with no rows outside the held-out source
+falls back to the chip's Megatron fit of the fold, else the catalog's uncalibrated default efficiency (with the
+fold's overhead): what a new user gets.
 """
 
 from __future__ import annotations
@@ -95,10 +96,9 @@ def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adju
         fit = None if in_sample else joint_fit([r for r in fitted if source_family(r.source) != family],
                                                calibration_key, tables)
         for run in held:
-            params = None
-            if fit is not None:  # the fold's overhead for every run, a chip without a fit (B200) included
-                params = {"iteration_overhead_s": fit.overhead_s}
-            if fit is not None and chip_of(run.gpu_type):
+            # the fold's overhead for every run, those of a chip without a fit (B200) included
+            params = None if fit is None else {"iteration_overhead_s": fit.overhead_s}
+            if params is not None and chip_of(run.gpu_type):
                 key = calibration_key(run)
                 # no rows of this chip elsewhere: the catalog's uncalibrated default efficiency, never the stored
                 # fit (which saw this source)
