@@ -79,11 +79,13 @@ WARM = 0.5
 # with a time limit, the last share of what phase 2 starts with goes to the best plan found (depth where the
 # winner is, after breadth where the bound points): on clusters of at most POLISH_NODES nodes to iterated descent
 # (solvers/local/polish.py: every node swap and layer move tried in turn, kicked and tried again), on larger ones
-# to one more warm anneal (a sweep over 128 nodes' 8,128 pairs costs seconds: one 60 s run of deepseek_v3_h100_1024
-# with the descent found nothing in its last 40 s and ended 0.01 % above the anneal's plan). From the same plans the descent ends lower than the anneal (measured_16, 10 s
-# plans: 3 s of it 7.807064-7.807283 s, node-SA's 10 s 7.80726-7.80750 s), and at 10 s on measured_32 / 64
-# (3 seeds) auto's median went 7.9115 -> 7.8954 s and 8.0132 -> 8.0121 s with all of the share to it instead of
-# half. Without a time limit one descent of at most POLISH_SWEEPS sweeps on those clusters: deterministic
+# to one more warm anneal (a sweep over 128 nodes' 8,128 pairs costs seconds: one 60 s run of
+# deepseek_v3_h100_1024 with the descent found nothing in its last 40 s and ended 0.01 % above the anneal's plan).
+# From the same plans the descent ends lower than the anneal (seconds of the model before the per-iteration
+# overhead; measured_16, 10 s plans: 3 s of it 7.807064-7.807283 s, node-SA's 10 s 7.80726-7.80750 s), and at 10 s
+# on measured_32 / 64 (3 seeds) auto's median went 7.9115 -> 7.8954 s and 8.0132 -> 8.0121 s with all of the
+# share to it instead of half. Without a time limit one descent of at most POLISH_SWEEPS sweeps on those
+# clusters: deterministic
 FINAL_SHARE = 0.3
 POLISH_SWEEPS = 20
 POLISH_NODES = 64
