@@ -44,6 +44,25 @@ def test_fp8_speedup_matches_the_published_pair(runs):
     assert predicted(runs[58]) / predicted(runs[64]) == pytest.approx(measured, rel=0.08)
 
 
+def test_fp8_gemms_pay_the_curves_fixed_time():
+    """(C1) t(W) = (W + W_half) / (peak e): the intercept 2 t(W) - t(2W) is the fixed time of a layer's GEMMs.
+    Derived: in FP8 it is the bf16 one over fp8_matmul_efficiency (the fixed time does not shrink with the FP8
+    peak); with the term off it would shrink by peak / peak_fp8 as well (H100: 989 / 1979)."""
+    h100 = build_instance(small_instance_dict()).cluster.gpu_types["h100-sxm-80gb"]
+
+    def intercept(fp8: bool) -> float:
+        w = 500.0
+        return 2 * h100.matmul_time(w * 1e9, w, fp8=fp8) - h100.matmul_time(2 * w * 1e9, 2 * w, fp8=fp8)
+
+    assert intercept(True) == pytest.approx(intercept(False) / h100.fp8_matmul_efficiency, rel=1e-9)
+    cost.PHYSICS_TERMS["fp8_small_gemms"] = False
+    try:
+        expected = intercept(False) / h100.fp8_matmul_efficiency * h100.peak_tflops / h100.peak_fp8_tflops
+        assert intercept(True) == pytest.approx(expected, rel=1e-9)
+    finally:
+        cost.PHYSICS_TERMS["fp8_small_gemms"] = True
+
+
 def test_fp8_rows_are_scored(runs):
     fp8 = [r for r in runs.values() if r.instance is not None and r.instance.training.precision == "fp8"]
     assert len(fp8) >= 29
@@ -99,6 +118,28 @@ def test_op_level_selective_matches_torchtitan(titan_runs):
         assert predicted(sac) / predicted(none) < 1.03
     finally:
         cost.PHYSICS_TERMS["op_level_selective"] = True
+
+
+@pytest.mark.parametrize("sequence_parallel, passes", [(True, 2.5), (False, 3.0)])
+def test_op_level_selective_recomputes_the_tp_all_gathers(sequence_parallel, passes):
+    """torchtitan's op-level policy saves mm (every other), SDPA and reduce_scatter_tensor, not all-gathers nor
+    all-reduces: its recompute runs the sequence-parallel all-gathers again (derived: 2 of the forward's 4
+    collectives of one tensor, so tp communication = forward + backward + 1/2 forward = 2.5 forward passes;
+    without sequence parallelism the two all-reduces: 3). Megatron's selective repeats none (2)."""
+    data = small_instance_dict()
+    data["training"].update(software_stack="torchtitan", sequence_parallel=sequence_parallel)
+    p = Placement(tp=4, pp=1, cp=1, dp=2, vpp=1, micro_batch_size=1, recompute="selective", zero_stage=1,
+                  layers_per_stage=(8,), gpus=tuple(range(8)))
+    titan = evaluate(build_instance(data), p).stages[0].tp_comm_s
+    data["training"]["software_stack"] = "megatron"
+    megatron = evaluate(build_instance(data), p).stages[0].tp_comm_s
+    assert titan / megatron == pytest.approx(passes / 2, rel=1e-9)
+    cost.PHYSICS_TERMS["op_level_selective_gathers"] = False
+    try:
+        data["training"]["software_stack"] = "torchtitan"
+        assert evaluate(build_instance(data), p).stages[0].tp_comm_s == pytest.approx(megatron, rel=1e-9)
+    finally:
+        cost.PHYSICS_TERMS["op_level_selective_gathers"] = True
 
 
 def test_eager_elementwise_matches_torch_compile_gain(titan_runs):

@@ -23,9 +23,10 @@ def irregular():
     # 2.1630 s when the repro was filed; 2.0634 s once the GEMM shape and attention efficiency became catalog
     # facts and collectives ran at NCCL's share of nominal link speed; 2.1526 s since an overlapped dp sync
     # costs at least half its time (imperfect_dp_overlap, docs/physics.md); 2.1782 s since every iteration pays
-    # the fitted per-iteration overhead (iteration_overhead, with the efficiencies refitted): a pin, so that a
-    # model change is noticed here
-    assert better.fits and better.iteration_time_s == pytest.approx(2.1782, abs=1e-4)
+    # the fitted per-iteration overhead (iteration_overhead, with the efficiencies refitted); 2.1772 s with the
+    # refit after torchtitan's op-level recompute repeats its tp all-gathers (0.059 -> 0.057 s of overhead):
+    # a pin, so that a model change is noticed here
+    assert better.fits and better.iteration_time_s == pytest.approx(2.1772, abs=1e-4)
     return instance, better
 
 

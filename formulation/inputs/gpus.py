@@ -10,6 +10,7 @@ from pathlib import Path
 
 from formulation.data import DATA_DIR
 from formulation.errors import Section
+from formulation.physics.cost import term
 
 CATALOG_PATH = DATA_DIR / "gpu_types.json"
 CALIBRATION_PATH = DATA_DIR / "calibration.json"
@@ -35,10 +36,18 @@ class GpuType:
 
     def matmul_time(self, flops: float, layer_gflop: float, fp8: bool = False) -> float:
         """(C1) t = F / (peak * e_max * W / (W + W_half)), W = per-GPU forward GFLOP of one layer; FP8 GEMMs run
-        against the FP8 peak at `fp8_matmul_efficiency` times that curve (GPUs without FP8 run them in bf16)."""
-        efficiency = self.matmul_efficiency * layer_gflop / (layer_gflop + self.efficiency_half_gflop)
+        against the FP8 peak at `fp8_matmul_efficiency` times that curve (GPUs without FP8 run them in bf16).
+
+        The curve is t = (W + W_half) / (peak e_max): a layer's GEMMs pay a fixed time W_half / (peak e_max) (launch,
+        tile ramp-up, the last partial wave) on top of their work. That time does not shrink with the FP8 peak, so
+        FP8 GEMMs take W_half x peak_fp8 / peak (`fp8_small_gemms`, docs/physics.md): small FP8 GEMMs gain less."""
+        half = self.efficiency_half_gflop
         if fp8 and self.peak_fp8_tflops > 0:
+            if term("fp8_small_gemms"):
+                half *= self.peak_fp8_tflops / self.peak_tflops
+            efficiency = self.matmul_efficiency * layer_gflop / (layer_gflop + half)
             return flops / (self.peak_fp8_tflops * 1e12 * efficiency * self.fp8_matmul_efficiency)
+        efficiency = self.matmul_efficiency * layer_gflop / (layer_gflop + half)
         return flops / (self.peak_tflops * 1e12 * efficiency)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -25,7 +26,9 @@ COLLECTIVE_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambd
 # Physics terms that can be switched on and off one at a time (ablations in docs/physics.md).
 PHYSICS_TERMS = {
     "fp8_gemm": True,  # FP8 GEMMs at the FP8 peak (off: FP8 runs scored as bf16)
+    "fp8_small_gemms": True,  # ... with the shape curve's fixed time unchanged by the FP8 peak (C1)
     "op_level_selective": True,  # torchtitan's selective checkpointing recomputes every other matmul
+    "op_level_selective_gathers": True,  # ... and, outside its save list, the tp all-gathers (C4)
     "eager_elementwise": True,  # torchtitan without torch.compile runs unfused elementwise kernels
     # NCCL reaches a fraction of nominal link speed (nccl-tests): leave-one-source-out 6.0% -> 5.4% pooled
     # with it on (docs/physics.md); the exact programs take their collective constants from collective_time
@@ -215,21 +218,27 @@ def output_layer_forward(model, job, p, gpu_type) -> float:
     return gpu_type.matmul_time(flops, flops / 1e9)
 
 
-def recompute_extra(lt: LayerTimes, recompute: str, software_stack: str) -> tuple[float, float]:
-    """(C4) Extra backward compute of one layer for its recompute, and the passes of tp / cp communication
-    the recompute repeats.
+def recompute_extra(lt: LayerTimes, recompute: str, software_stack: str,
+                    sequence_parallel: bool = True) -> tuple[float, float, Fraction]:
+    """(C4) Extra backward compute of one layer for its recompute, and the passes of forward communication
+    the recompute repeats: (compute, cp passes, tp passes).
 
     full: the whole forward again, communication included. selective: Megatron-LM re-runs the attention core
     only (Korthikanti et al. 2022); torchtitan's op-level selective checkpointing saves the outputs of every
-    other matmul and of SDPA and recomputes the rest (torchtitan `_save_list` policy: half the matmul
-    forward and every elementwise op; saved collectives are not repeated)."""
+    other matmul, of SDPA and of reduce-scatters and recomputes the rest (torchtitan `_save_list` policy: half
+    the matmul forward and every elementwise op). Its recompute re-runs the block's forward, so the collectives
+    outside the save list run again: with sequence parallelism the two all-gathers, half the forward's tp
+    communication (an all-gather and a reduce-scatter of one tensor take the same time, C5); without it the
+    two all-reduces, all of it. The ring attention of cp runs inside SDPA, which is saved. The tp passes are a
+    Fraction, so that the exact program keeps integer coefficients on its time variables."""
     if recompute == "full":
-        return lt.forward, 1.0
+        return lt.forward, 1.0, Fraction(1)
     if recompute == "selective":
         if software_stack == "torchtitan" and term("op_level_selective"):
-            return 0.5 * lt.matmul_fwd + lt.elementwise_fwd, 0.0
-        return lt.attention_fwd, 0.0
-    return 0.0, 0.0
+            gathers = Fraction(1, 2 if sequence_parallel else 1) if term("op_level_selective_gathers") else Fraction(0)
+            return 0.5 * lt.matmul_fwd + lt.elementwise_fwd, 0.0, gathers
+        return lt.attention_fwd, 0.0, Fraction(0)
+    return 0.0, 0.0, Fraction(0)
 
 
 def activation_message_bytes(model, job, p) -> float:

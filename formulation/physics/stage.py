@@ -6,6 +6,7 @@ composition as constraints), so the composition is written down once here and ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from formulation.physics import cost, moe_cost, recompute_modules
 from formulation.physics.memory import memory_coefficients
@@ -19,7 +20,7 @@ class StageConstants:
     b_compute: float  # backward compute incl. recompute
     matmul_fwd: float  # GEMM part of the forward (what tp comm overlap can hide behind)
     attention_fwd: float  # attention core forward (what the cp ring hides behind)
-    recompute_passes: float
+    recompute_passes: float  # forward passes the recompute repeats of the cp (and expert) communication
     output_fwd: float  # output layer forward on the last stage, else 0
     params_fixed: float  # stage parameters per GPU = params_fixed + params_per_layer x layers (unsharded)
     params_per_layer: float
@@ -28,6 +29,7 @@ class StageConstants:
     # synchronised over the expert-data-parallel group; params_per_layer is then the rest of the layer
     expert_params_per_layer: float = 0.0
     ep_recompute_passes: int = 0  # extra forward passes of the expert communication (the "moe" recompute module)
+    tp_recompute_passes: Fraction = Fraction(0)  # ... of the tp communication (C4: half under torchtitan's op SAC)
 
     @property
     def ep_passes(self) -> float:
@@ -55,7 +57,7 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
     or (None) the model's mean layer: for a model of one kind, its layer."""
     model, job = instance.model, instance.training
     lt = moe_cost.layer_compute(model, job, p, gpu_type, kind)
-    extra, rp = cost.recompute_extra(lt, p.recompute, job.software_stack)
+    extra, rp, tp_rp = cost.recompute_extra(lt, p.recompute, job.software_stack, job.sequence_parallel)
     if recompute_modules.active(job, p):  # (C4') Megatron-Core's selective recompute by module
         extra = recompute_modules.extra_backward_time(model, job, p, gpu_type, lt.attention_fwd, kind)
     b_compute = 2 * lt.forward + extra
@@ -67,7 +69,7 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
         per_layer, experts = moe_cost.layer_params_per_gpu(model, p, kind)
     return StageConstants(
         f_compute=lt.forward, b_compute=b_compute, matmul_fwd=lt.matmul_fwd, attention_fwd=lt.attention_fwd,
-        recompute_passes=rp, ep_recompute_passes=recompute_modules.ep_passes(job, p),
+        recompute_passes=rp, ep_recompute_passes=recompute_modules.ep_passes(job, p), tp_recompute_passes=tp_rp,
         output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == p.pp - 1 else 0.0,
         params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=per_layer,
         layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts)
@@ -135,7 +137,7 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
         tp_f, tp_b = max(floor, tp - k.matmul_fwd), max(floor, tp - 2 * k.matmul_fwd)
     else:
         tp_f, tp_b = tp, tp
-    tp_b += k.recompute_passes * tp_f
+    tp_b += k.tp_recompute_passes * tp_f
     cp_f = max(0.0, cp - k.attention_fwd)
     cp_b = 2 * cp_f * (1 + k.recompute_passes / 2)
     # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).

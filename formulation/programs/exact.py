@@ -187,7 +187,7 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
     x `experts` (an MoE layer's expert communication, (P14)). `tag` names the layer kind's variables."""
     prog, job = b.prog, b.inst.training
     tp, cp, ag, rs = slowest
-    rp = k.recompute_passes
+    rp, tp_rp = k.recompute_passes, k.tp_recompute_passes
     tp_f, tp_b0, cp_f, z3_f, z3_b = (prog.var(f"{n}{tag}[{i}]") for n in ("tpf", "tpb", "cpf", "z3f", "z3b"))
     if job.tp_comm_overlap:
         prog.add({tp_f: 1, tp: -1}, ">=", -b.t(k.matmul_fwd), "P7 tp exposed")
@@ -199,14 +199,16 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
         prog.add({tp_f: 1, tp: -1}, ">=", 0, "P7 tp exposed")
         prog.add({tp_b0: 1, tp: -1}, ">=", 0, "P7 tp exposed")
     prog.add({cp_f: 1, cp: -1}, ">=", -b.t(k.attention_fwd), "P7 cp exposed")
-    # cp_b = 2 cp_f (1 + rp / 2) = (2 + rp) cp_f; tp_b = tp_b0 + rp tp_f
+    # cp_b = 2 cp_f (1 + rp / 2) = (2 + rp) cp_f; tp_b = tp_b0 + tp_rp tp_f. Rows with tp_rp are multiplied by its
+    # denominator d: CP-SAT takes integer coefficients on time variables.
+    d = tp_rp.denominator
     prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
-    prog.add({z3_b: 1, ag: -1, rs: -1, tp_b0: 1, tp_f: rp, cp_f: 2 + rp}, ">=", -b.t(k.b_compute),
-             "P7 zero3 exposed")
+    prog.add({z3_b: d, ag: -d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
+             -d * b.t(k.b_compute), "P7 zero3 exposed")
     u = prog.var(f"u{tag}[{i}]")
-    moe_terms = {experts: -k.ep_passes} if experts is not None else {}  # forward + backward + recomputes
-    prog.add({u: 1, tp_f: -(1 + rp), tp_b0: -1, cp_f: -(3 + rp), z3_f: -1, z3_b: -1, **moe_terms}, "==",
-             b.t(k.f_compute + k.b_compute), "P7 per-layer time")
+    moe_terms = {experts: -k.ep_passes * d} if experts is not None else {}  # forward + backward + recomputes
+    prog.add({u: d, tp_f: -int((1 + tp_rp) * d), tp_b0: -d, cp_f: -(3 + rp) * d, z3_f: -d, z3_b: -d, **moe_terms},
+             "==", d * b.t(k.f_compute + k.b_compute), "P7 per-layer time")
     return u
 
 
