@@ -41,13 +41,13 @@ class GpuType:
         The curve is t = (W + W_half) / (peak e_max): a layer's GEMMs pay a fixed time W_half / (peak e_max) (launch,
         tile ramp-up, the last partial wave) on top of their work. That time does not shrink with the FP8 peak, so
         FP8 GEMMs take W_half x peak_fp8 / peak (`fp8_small_gemms`, docs/physics.md): small FP8 GEMMs gain less."""
+        fp8 = fp8 and self.peak_fp8_tflops > 0
         half = self.efficiency_half_gflop
-        if fp8 and self.peak_fp8_tflops > 0:
-            if term("fp8_small_gemms"):
-                half *= self.peak_fp8_tflops / self.peak_tflops
-            efficiency = self.matmul_efficiency * layer_gflop / (layer_gflop + half)
-            return flops / (self.peak_fp8_tflops * 1e12 * efficiency * self.fp8_matmul_efficiency)
+        if fp8 and term("fp8_small_gemms"):
+            half *= self.peak_fp8_tflops / self.peak_tflops
         efficiency = self.matmul_efficiency * layer_gflop / (layer_gflop + half)
+        if fp8:
+            return flops / (self.peak_fp8_tflops * 1e12 * efficiency * self.fp8_matmul_efficiency)
         return flops / (self.peak_tflops * 1e12 * efficiency)
 
 
