@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 
@@ -219,7 +218,7 @@ def output_layer_forward(model, job, p, gpu_type) -> float:
 
 
 def recompute_extra(lt: LayerTimes, recompute: str, software_stack: str,
-                    sequence_parallel: bool = True) -> tuple[float, float, Fraction]:
+                    sequence_parallel: bool = True) -> tuple[float, float, float]:
     """(C4) Extra backward compute of one layer for its recompute, and the passes of forward communication
     the recompute repeats: (compute, cp passes, tp passes).
 
@@ -229,16 +228,16 @@ def recompute_extra(lt: LayerTimes, recompute: str, software_stack: str,
     the matmul forward and every elementwise op). Its recompute re-runs the block's forward, so the collectives
     outside the save list run again: with sequence parallelism the two all-gathers, half the forward's tp
     communication (an all-gather and a reduce-scatter of one tensor take the same time, C5); without it the
-    two all-reduces, all of it. The ring attention of cp runs inside SDPA, which is saved. The tp passes are a
-    Fraction, so that the exact program keeps integer coefficients on its time variables."""
+    two all-reduces, all of it. The ring attention of cp runs inside SDPA, which is saved. Pass counts are
+    multiples of 1/2 (the exact program scales its rows to integer coefficients, formulation/programs/exact.py)."""
     if recompute == "full":
-        return lt.forward, 1.0, Fraction(1)
+        return lt.forward, 1.0, 1.0
     if recompute == "selective":
         if software_stack == "torchtitan" and term("op_level_selective"):
-            gathers = Fraction(1, 2 if sequence_parallel else 1) if term("op_level_selective_gathers") else Fraction(0)
+            gathers = (0.5 if sequence_parallel else 1.0) if term("op_level_selective_gathers") else 0.0
             return 0.5 * lt.matmul_fwd + lt.elementwise_fwd, 0.0, gathers
-        return lt.attention_fwd, 0.0, Fraction(0)
-    return 0.0, 0.0, Fraction(0)
+        return lt.attention_fwd, 0.0, 0.0
+    return 0.0, 0.0, 0.0
 
 
 def activation_message_bytes(model, job, p) -> float:

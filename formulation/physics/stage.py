@@ -6,7 +6,6 @@ composition as constraints), so the composition is written down once here and ch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
 from formulation.physics import cost, moe_cost, recompute_modules
 from formulation.physics.memory import memory_coefficients
@@ -29,7 +28,7 @@ class StageConstants:
     # synchronised over the expert-data-parallel group; params_per_layer is then the rest of the layer
     expert_params_per_layer: float = 0.0
     ep_recompute_passes: int = 0  # extra forward passes of the expert communication (the "moe" recompute module)
-    tp_recompute_passes: Fraction = Fraction(0)  # ... of the tp communication (C4: half under torchtitan's op SAC)
+    tp_recompute_passes: float = 0.0  # ... of the tp communication (C4: half under torchtitan's op-level policy)
 
     @property
     def ep_passes(self) -> float:

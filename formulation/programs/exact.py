@@ -13,6 +13,7 @@ CP-SAT backend can scale constants to integers (`Program.time_unit_s` is the MIL
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -200,7 +201,8 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
         prog.add({tp_b0: 1, tp: -1}, ">=", 0, "P7 tp exposed")
     prog.add({cp_f: 1, cp: -1}, ">=", -b.t(k.attention_fwd), "P7 cp exposed")
     # cp_b = 2 cp_f (1 + rp / 2) = (2 + rp) cp_f; tp_b = tp_b0 + tp_rp tp_f. Rows with tp_rp are multiplied by its
-    # denominator d: CP-SAT takes integer coefficients on time variables.
+    # denominator d (tp_rp is a multiple of 1/2): CP-SAT takes integer coefficients on time variables.
+    tp_rp = Fraction(tp_rp).limit_denominator(2)
     d = tp_rp.denominator
     prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
     prog.add({z3_b: d, ag: -d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
