@@ -22,6 +22,7 @@ from formulation.evaluate import evaluate
 from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration
 from solvers.validation import crossval
 from solvers.validation.fewshot import HUBER_RUNS, KNOB_SPREAD, RUN_SPREAD
+from solvers.validation.joint_fit import huber_loss
 
 LOG_C, LOG_N = np.linspace(-0.4, 0.4, 17), np.linspace(-1.5, 1.5, 13)
 FINE_C, FINE_N, FINE_O = np.linspace(-0.4, 0.4, 81), np.linspace(-1.5, 1.5, 61), np.linspace(0, 0.3, 31)
@@ -37,8 +38,7 @@ def tabulate(prediction) -> np.ndarray:
 
 def _huber(r: np.ndarray) -> np.ndarray:
     """Huber's loss at the scale solvers/validation/fewshot.py fits with (HUBER_RUNS x RUN_SPREAD)."""
-    d, a = HUBER_RUNS * RUN_SPREAD, np.abs(r)
-    return np.where(a <= d, r * r, 2 * d * a - d * d)
+    return huber_loss(r, HUBER_RUNS * RUN_SPREAD)
 
 
 def fit(chosen, all_knobs: bool):

@@ -36,6 +36,8 @@ FAMILIES = (("SC21", "Megatron-LM SC21 paper"), ("Korthikanti", "Korthikanti et 
             ("torchtitan", "torchtitan benchmarks"), ("Megatron-MoE-ModelZoo", "Megatron MoE Model Zoo"),
             ("megatron/core/transformer/moe/README", "Megatron-LM MoE README"))
 TORCHTITAN_ROW_OFFSET = 1000  # the torchtitan file's rows are numbered after the main file's
+# the same benchmark page's float8 rows, in a file of our own (the two files above stay byte copies)
+TORCHTITAN_FLOAT8_ROW_OFFSET = 1100
 
 
 def source_family(source: str) -> str:
@@ -43,11 +45,14 @@ def source_family(source: str) -> str:
 
 
 def reference_runs() -> list[Run]:
-    """Every packaged reference run: the main file and torchtitan's benchmarks (rows offset by 1000)."""
+    """Every packaged reference run: the main file, torchtitan's benchmarks (rows offset by 1000) and their
+    float8 rows (offset by 1100)."""
     runs = load_runs(REFERENCE_DIR / "published_runs.csv")
-    for run in load_runs(REFERENCE_DIR / "published_runs_torchtitan.csv"):
-        run.row += TORCHTITAN_ROW_OFFSET
-        runs.append(run)
+    for name, offset in (("published_runs_torchtitan.csv", TORCHTITAN_ROW_OFFSET),
+                         ("published_runs_torchtitan_float8.csv", TORCHTITAN_FLOAT8_ROW_OFFSET)):
+        for run in load_runs(REFERENCE_DIR / name):
+            run.row += offset
+            runs.append(run)
     return runs
 
 
