@@ -38,9 +38,10 @@ class GpuType:
         """(C1) t = F / (peak * e_max * W / (W + W_half)), W = per-GPU forward GFLOP of one layer; FP8 GEMMs run
         against the FP8 peak at `fp8_matmul_efficiency` times that curve (GPUs without FP8 run them in bf16).
 
-        The curve is t = (W + W_half) / (peak e_max): a layer's GEMMs pay a fixed time W_half / (peak e_max) (launch,
-        tile ramp-up, the last partial wave) on top of their work. That time does not shrink with the FP8 peak, so
-        FP8 GEMMs take W_half x peak_fp8 / peak (`fp8_small_gemms`, docs/physics.md): small FP8 GEMMs gain less."""
+        The curve is t = (W + W_half) / (peak e_max): a layer's GEMMs pay a fixed time W_half / (peak e_max)
+        (launch, tile ramp-up, the last partial wave) on top of their work. That time does not shrink with the FP8
+        peak, so FP8 GEMMs take W_half x peak_fp8 / peak (`fp8_small_gemms`, docs/physics.md): small FP8 GEMMs
+        gain less."""
         fp8 = fp8 and self.peak_fp8_tflops > 0
         half = self.efficiency_half_gflop
         if fp8 and term("fp8_small_gemms"):

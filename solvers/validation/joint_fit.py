@@ -2,8 +2,8 @@
 large-GEMM efficiency `matmul_efficiency` (C1), and one per-iteration overhead `iteration_overhead_s` (C14) that
 every run shares, minimising Huber's loss of the log errors of iteration time over the training runs (squared
 up to the few-shot fit's scale, 1.345 x 0.057, linear beyond: solvers/validation/fewshot.py): cross-source
-residuals are heavy-tailed, and with squares three torchtitan runs 18-24% off for reasons of their own (Llama-3.1-8B
-with FSDP x TP8, float8) moved the shared overhead from 0.056 s to 0.074 s for every chip.
+residuals are heavy-tailed, and with squares three torchtitan runs 18-24% off for reasons of their own
+(Llama-3.1-8B with FSDP x TP8, float8) moved the shared overhead from 0.056 s to 0.074 s for every chip.
 
 The overhead is what an iteration costs beyond the model's compute and communication whatever its size: the
 optimizer's kernel launches, the loss and gradient-norm all-reduces, timers and logging that synchronise the
