@@ -115,9 +115,14 @@ def brute_force(instance, data, node_level: bool) -> float:
 
 
 SEEDS = list(range(30))
+# seed 6's instance has two programs that CP-SAT's single worker takes 11-12 s each at linearization level 2 (0.03 s
+# at level 1, which is as slow elsewhere; neither its deterministic nor its wall-time limit interrupts the stall):
+# since the fifth session's refit its brute-force check is 28 s, so it runs with the slow checks
+HEAVY_TAILED_SEEDS = (6,)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", [s if s not in HEAVY_TAILED_SEEDS else pytest.param(s, marks=pytest.mark.slow)
+                                  for s in SEEDS])
 def test_exact_search_equals_brute_force(seed):
     data, node_level = small_instance(seed)
     instance = instance_from_dict(data)
