@@ -40,6 +40,9 @@ class TrainingJob:
     # the loss: a fused cross entropy (Megatron-LM's vocab-parallel one, flash-attn's in llm-foundry) keeps the
     # logits and one fp32 copy; torchtitan's PyTorch cross entropy on fp32 logits saves more (docs/physics.md)
     fused_cross_entropy: bool = True
+    # torchtitan compiles its (unfused) loss with the model when torch.compile is on (since torchtitan bbb1b616e,
+    # 2025-04-02; CompileConfig.components ["model", "loss"]): Inductor saves the bf16 logits only
+    compiled_loss: bool = True
     # FP8 with Transformer Engine: weights kept in FP8 (Megatron-LM --fp8-param-gather; NeMo's FP8 recipe
     # bf16_with_fp8_mixed sets fp8_params=True) instead of bf16 beside an FP8 copy
     fp8_param_gather: bool = True
@@ -117,12 +120,14 @@ def _sizes(sec: Section, key: str, default: tuple) -> tuple[int, ...]:
 def load_training_section(data: dict, file: str) -> TrainingJob:
     sec = Section(data, file, "training")
     stack = sec.string("software_stack", default=DEFAULT_STACK, choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
+    compile_on = sec.boolean("torch_compile", default=True)
     job = TrainingJob(
         global_batch_size=sec.integer("global_batch_size"),
         seq_length=sec.integer("seq_length", maximum=16 * 1024 * 1024),
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
         software_stack=STACK_ALIASES.get(stack, stack), software_stack_defaulted=not sec.has("software_stack"),
-        torch_compile=sec.boolean("torch_compile", default=True),
+        torch_compile=compile_on,
+        compiled_loss=sec.boolean("compiled_loss", default=compile_on),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),
         fused_cross_entropy=sec.boolean("fused_cross_entropy", default=STACK_ALIASES.get(stack, stack) != "torchtitan"),
         recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, RECOMPUTE_CHOICES, str),

@@ -138,12 +138,17 @@ def fp8_weight_copy_bytes(job, p, layer_params: float) -> tuple[float, float]:
 def loss_bytes_per_logit(job) -> float:
     """Bytes per logit alive at the loss: a fused cross entropy (Megatron-LM's vocab-parallel one; flash-attn's,
     llm-foundry's default for MPT) keeps the bf16 logits and one fp32 copy it works in place on (2 + 4).
-    torchtitan calls PyTorch's cross entropy on `logits.float()`: bf16 logits, the fp32 copy, the fp32
-    log-softmax saved for backward and its fp32 gradient (2 + 4 + 4 + 4). `training.fused_cross_entropy`
+    torchtitan calls PyTorch's cross entropy on `logits.float()`: eager, the bf16 logits, the fp32 copy, the fp32
+    log-softmax saved for backward and its fp32 gradient (2 + 4 + 4 + 4); compiled with the model
+    (`training.compiled_loss`, torchtitan's default with torch.compile since 2025-04), Inductor saves only the
+    bf16 logits and per-row statistics and writes the bf16 gradient (2 + 2; measured from the saved tensors and
+    the generated kernels' buffers, docs/physics.md `compiled_loss`). `training.fused_cross_entropy`
     (default: false for torchtitan only) says which."""
-    if not job.fused_cross_entropy and cost.term("unfused_loss_buffers"):
-        return 14.0
-    return 6.0
+    if job.fused_cross_entropy or not cost.term("unfused_loss_buffers"):
+        return 6.0
+    if job.compiled_loss and cost.term("compiled_loss"):
+        return 4.0
+    return 14.0
 
 
 def unsharded_pipeline_bytes(job, p) -> float:

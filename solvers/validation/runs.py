@@ -144,6 +144,7 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
              "num_attention_heads": heads, "num_key_value_heads": _int(r["kv_heads"], heads),
              "vocab_size": _int(r["vocab"]), "hidden_act": "gelu" if gelu else "silu", "dropout": gelu and old}
     per_node = _int(r["gpus_per_node"], 8)
+    compiled = "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"]
     return {
         "name": f"row{index}", "description": name, "model": model,
         "training": {"global_batch_size": _int(r["gbs"]), "seq_length": _int(r["seq"]), "precision": precision,
@@ -153,7 +154,10 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      "sequence_parallel": not old or "sequence-parallel" in (r["recompute"] or ""),
                      "tp_comm_overlap": "tp-comm-overlap" in r["notes"], "memory_limit_fraction": 1.0,
                      "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
-                     "torch_compile": "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"],
+                     "torch_compile": compiled,
+                     # torchtitan compiles the loss with the model since 2025-04 (bbb1b616e); older rows say
+                     # otherwise in row_assumptions.csv (an optional `compiled_loss` column)
+                     "compiled_loss": compiled and (r.get("compiled_loss") or "").strip().lower() != "false",
                      # llm-foundry's MPT class defaults to flash-attn's fused cross entropy (loss_fn:
                      # fused_crossentropy, llmfoundry/models/mpt/modeling_mpt.py); Megatron's is fused too
                      "fused_cross_entropy": "FSDP" not in r["notes"] or "llm-foundry" in r["source"]},
@@ -214,9 +218,10 @@ def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
         for i, row in enumerate(csv.DictReader(handle)):
             notes = []
             for a in assumed.get(i, []):
-                if row[a["field"]] != a["published"]:  # the file changed under the assumption: say so
+                # the file changed under the assumption: say so (a column the file lacks reads as blank)
+                if row.get(a["field"], "") != a["published"]:
                     raise ValueError(f"{ROW_ASSUMPTIONS.name}: {path} row {i} field {a['field']} is "
-                                     f"{row[a['field']]!r}, the assumption expects {a['published']!r}")
+                                     f"{row.get(a['field'], '')!r}, the assumption expects {a['published']!r}")
                 row[a["field"]] = a["assumed"]
                 notes.append(f"{a['field']}: {a['published'] or 'blank'} -> {a['assumed']} ({a['reason']})")
             run = run_from_row(i, row)
