@@ -39,6 +39,7 @@ PHYSICS_TERMS = {
     "imperfect_dp_overlap": True,  # so does the dp gradient reduce-scatter / parameter all-gather hidden by compute
     "unfused_loss_buffers": True,  # torchtitan's fp32 cross entropy keeps log-softmax and its gradient
     "compiled_loss": True,  # ... unless torch.compile compiles the loss: the bf16 logits and gradient only
+    "eager_working_memory": True,  # eager torchtitan's checkpointed backward holds each op's output and gradient
     "fsdp_pp_unsharded": True,  # torchtitan keeps FSDP parameters unsharded across micro-batches with pp
     # a fixed time per iteration (optimizer launches, loss and grad-norm all-reduces, logging), fitted with the
     # efficiencies (solvers/validation/joint_fit.py); off: the fits hold it at 0

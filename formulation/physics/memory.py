@@ -88,15 +88,31 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
     full_layer = split / p.tp + replicated / sp + attention
     if p.recompute == "none":
         return full_layer, 0.0
+    eager = eager_backward_working(model, job, p, seq, sp)
     if p.recompute == "selective" and job.software_stack == "torchtitan" and job.flash_attention \
             and cost.term("op_level_selective"):
-        return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), 0.0
+        return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), eager or 0.0
     if p.recompute == "selective" and not recompute_modules.recomputes_attention_core(job, p):
         return full_layer, 0.0  # Megatron-Core modules without "core_attn": the attention keeps what it keeps
     if p.recompute == "selective":
         kept = split / p.tp + replicated / sp + (attention if job.flash_attention else 0.0)
         return kept, (0.0 if job.flash_attention else attention)
-    return 2.0 * seq * p.micro_batch_size * model.hidden_size / sp, full_layer
+    return 2.0 * seq * p.micro_batch_size * model.hidden_size / sp, eager or full_layer
+
+
+def eager_backward_working(model, job, p, seq: float, sp: int) -> float | None:
+    """(M4) Working bytes of one checkpointed layer's backward in eager torchtitan (no torch.compile), where each
+    op's output and its gradient exist at once: measured op by op on torchtitan 9dec370's Llama block (eager
+    RMSNorm, complex rotary, SDPA, SwiGLU) under its policies, with torch 2.13 (docs/physics.md
+    `eager_working_memory`): at the backward's peak, five [tokens, f] and six [tokens, h] 16-bit tensors beyond
+    what the layers keep with op-level selective checkpointing, six and eight with full checkpointing. None
+    where the measurement does not apply (compiled blocks, other stacks, other MLPs, no checkpointing)."""
+    if not (job.software_stack == "torchtitan" and not job.torch_compile and model.mlp == "swiglu"
+            and p.recompute in ("selective", "full") and cost.term("eager_working_memory")):
+        return None
+    f_units, h_units = (5.0, 6.0) if p.recompute == "selective" else (6.0, 8.0)
+    tokens = seq * p.micro_batch_size
+    return 2.0 * tokens * (f_units * model.ffn_hidden_size / p.tp + h_units * model.hidden_size / sp)
 
 
 def fp8_saved_inputs(model, tokens: float, split: float, replicated: float) -> tuple[float, float]:
@@ -135,20 +151,24 @@ def fp8_weight_copy_bytes(job, p, layer_params: float) -> tuple[float, float]:
     return 0.0, layer_params * 2.0
 
 
-def loss_bytes_per_logit(job) -> float:
+def loss_bytes_per_logit(job, p) -> float:
     """Bytes per logit alive at the loss: a fused cross entropy (Megatron-LM's vocab-parallel one; flash-attn's,
     llm-foundry's default for MPT) keeps the bf16 logits and one fp32 copy it works in place on (2 + 4).
-    torchtitan calls PyTorch's cross entropy on `logits.float()`: eager, the bf16 logits, the fp32 copy, the fp32
-    log-softmax saved for backward and its fp32 gradient (2 + 4 + 4 + 4); compiled with the model
-    (`training.compiled_loss`, torchtitan's default with torch.compile since 2025-04), Inductor saves only the
-    bf16 logits and per-row statistics and writes the bf16 gradient (2 + 2; measured from the saved tensors and
-    the generated kernels' buffers, docs/physics.md `compiled_loss`). `training.fused_cross_entropy`
-    (default: false for torchtitan only) says which."""
+    torchtitan calls PyTorch's cross entropy on `logits.float()` and deletes the logits before the backward
+    (docs/physics.md `unfused_loss_buffers`, `compiled_loss`, each measured op by op on torch 2.13): eager, the
+    fp32 log-softmax it saves, the loss's fp32 gradient and the log-softmax's at the backward's peak (4 + 4 + 4);
+    compiled with the model (`training.compiled_loss`, torchtitan's default with torch.compile since 2025-04),
+    Inductor saves only the bf16 logits and per-row statistics and writes the bf16 gradient (2 + 2). With tp > 1
+    torchtitan runs the loss on vocabulary-sharded DTensors (`loss_parallel`), which was not measured: the
+    earlier count, 2 + 4 + 4 + 4, stays there (the high side). `training.fused_cross_entropy` (default: false for
+    torchtitan only) says which."""
     if job.fused_cross_entropy or not cost.term("unfused_loss_buffers"):
         return 6.0
+    if p.tp > 1:
+        return 14.0
     if job.compiled_loss and cost.term("compiled_loss"):
         return 4.0
-    return 14.0
+    return 12.0
 
 
 def unsharded_pipeline_bytes(job, p) -> float:
@@ -233,7 +253,7 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     buf_fixed = 0.0
     if stage == p.pp - 1:  # final norm and output-layer inputs; the logits and the loss's buffers
         act_fixed += 4 * sbh / sp
-        buf_fixed += seq * p.micro_batch_size * model.vocab_size / p.tp * loss_bytes_per_logit(job)
+        buf_fixed += seq * p.micro_batch_size * model.vocab_size / p.tp * loss_bytes_per_logit(job, p)
     activations = (act_fixed, kept * per_layer_units)
     # (M6) buffers: ZeRO-3 gathers two layers ahead (bf16) and reduce-scatters one layer's gradients
     if p.zero_stage >= 3:
