@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-H, HEADS, KV_HEADS, FFN, TOKENS, LAYERS, VOCAB = 512, 8, 2, 1792, 2048, 4, 32000  # f = 3.5 h, 4 q per kv as 8B
+H, HEADS, KV_HEADS, FFN, TOKENS, LAYERS, VOCAB = 512, 8, 2, 1792, 8192, 4, 32000  # f = 3.5 h, 4 q per kv as 8B
 HEAD_DIM = H // HEADS
 aten = torch.ops.aten
 # torchtitan 9dec370 `_save_list` (parallelize_llama.py), with the CPU SDPA kernel added
@@ -110,10 +110,13 @@ def op_level_policy():  # torchtitan 9dec370 `_apply_ac_to_transformer_block`, s
 
 
 def block_memory(mode: str) -> tuple[float, float]:
-    """(kept per layer, backward working set beyond what the layers keep), in bytes per token x h. Weights do not
-    take gradients here: FSDP reduce-scatters each layer's, which the model counts among ZeRO-3's buffers."""
+    """(kept per layer, backward working set beyond what the layers keep), in bytes per token x h. Weights take
+    gradients (so the GEMMs keep their inputs), each dropped as soon as it is accumulated: FSDP reduce-scatters
+    each layer's, which the model counts among ZeRO-3's buffers."""
     torch.manual_seed(0)
-    blocks = nn.ModuleList(Block() for _ in range(LAYERS)).to(torch.bfloat16).requires_grad_(False)
+    blocks = nn.ModuleList(Block() for _ in range(LAYERS)).to(torch.bfloat16)
+    for weight in blocks.parameters():
+        weight.register_post_accumulate_grad_hook(lambda w: setattr(w, "grad", None))
     freqs = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
     freqs_cis = torch.polar(torch.ones(TOKENS, HEAD_DIM // 2), torch.outer(torch.arange(TOKENS).float(), freqs))
     x = x0 = torch.randn(1, TOKENS, H, dtype=torch.bfloat16, requires_grad=True)
@@ -123,8 +126,10 @@ def block_memory(mode: str) -> tuple[float, float]:
             if mode == "op-level":
                 x = checkpoint(block, x, freqs_cis, use_reentrant=False, context_fn=op_level_policy,
                                preserve_rng_state=False)
-            else:
+            elif mode == "full":
                 x = checkpoint(block, x, freqs_cis, use_reentrant=False, preserve_rng_state=False)
+            else:
+                x = block(x, freqs_cis)
         kept = tracker.current
         x.sum().backward()
     return kept / LAYERS / unit, (tracker.peak - kept) / unit
@@ -156,7 +161,7 @@ def loss_memory(compiled: bool) -> float:
 
 
 if __name__ == "__main__":
-    for mode in ("op-level", "full"):
+    for mode in ("op-level", "full", "none"):
         kept, working = block_memory(mode)
         print(f"block, {mode} checkpointing: kept {kept:.2f}, backward working set {working:.2f} bytes per token x h")
     print(f"loss, eager: peak {loss_memory(False):.2f} bytes per logit")

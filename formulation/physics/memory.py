@@ -88,29 +88,30 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
     full_layer = split / p.tp + replicated / sp + attention
     if p.recompute == "none":
         return full_layer, 0.0
-    eager = eager_backward_working(model, job, p, seq, sp)
+    eager_working = eager_backward_working(model, job, p, seq, sp)
     if p.recompute == "selective" and job.software_stack == "torchtitan" and job.flash_attention \
             and cost.term("op_level_selective"):
-        return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), eager or 0.0
+        return op_level_selective_bytes(model, seq, p.micro_batch_size, p.tp, sp), eager_working or 0.0
     if p.recompute == "selective" and not recompute_modules.recomputes_attention_core(job, p):
         return full_layer, 0.0  # Megatron-Core modules without "core_attn": the attention keeps what it keeps
     if p.recompute == "selective":
         kept = split / p.tp + replicated / sp + (attention if job.flash_attention else 0.0)
         return kept, (0.0 if job.flash_attention else attention)
-    return 2.0 * seq * p.micro_batch_size * model.hidden_size / sp, eager or full_layer
+    return 2.0 * seq * p.micro_batch_size * model.hidden_size / sp, eager_working or full_layer
 
 
 def eager_backward_working(model, job, p, seq: float, sp: int) -> float | None:
-    """(M4) Working bytes of one checkpointed layer's backward in eager torchtitan (no torch.compile), where each
-    op's output and its gradient exist at once: measured op by op on torchtitan 9dec370's Llama block (eager
-    RMSNorm, complex rotary, SDPA, SwiGLU) under its policies, with torch 2.13 (docs/physics.md
-    `eager_working_memory`): at the backward's peak, five [tokens, f] and six [tokens, h] 16-bit tensors beyond
-    what the layers keep with op-level selective checkpointing, six and eight with full checkpointing. None
-    where the measurement does not apply (compiled blocks, other stacks, other MLPs, no checkpointing)."""
+    """(M4) Working bytes of one checkpointed layer's backward in eager torchtitan (no torch.compile), beyond what
+    the layers keep: each op's output and, in the backward, its gradient are tensors of their own. Measured op by
+    op on torchtitan 9dec370's Llama block (its default `rmsnorm` in fp32, complex rotary, GQA by `repeat_kv`,
+    SDPA, SwiGLU) with torch 2.13, weights taking gradients (docs/physics.md `eager_working_memory`,
+    docs/measure_torchtitan_memory.py): five [tokens, f] and ten [tokens, h] 16-bit tensors with op-level
+    selective checkpointing, six and twelve with full. None where the measurement does not apply (compiled blocks,
+    other stacks, other MLPs, no checkpointing)."""
     if not (job.software_stack == "torchtitan" and not job.torch_compile and model.mlp == "swiglu"
-            and p.recompute in ("selective", "full") and cost.term("eager_working_memory")):
+            and job.flash_attention and p.recompute in ("selective", "full") and cost.term("eager_working_memory")):
         return None
-    f_units, h_units = (5.0, 6.0) if p.recompute == "selective" else (6.0, 8.0)
+    f_units, h_units = (5.0, 10.0) if p.recompute == "selective" else (6.0, 12.0)
     tokens = seq * p.micro_batch_size
     return 2.0 * tokens * (f_units * model.ffn_hidden_size / p.tp + h_units * model.hidden_size / sp)
 
