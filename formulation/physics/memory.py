@@ -155,21 +155,19 @@ def fp8_weight_copy_bytes(job, p, layer_params: float) -> tuple[float, float]:
 def loss_bytes_per_logit(job, p) -> float:
     """Bytes per logit alive at the loss: a fused cross entropy (Megatron-LM's vocab-parallel one; flash-attn's,
     llm-foundry's default for MPT) keeps the bf16 logits and one fp32 copy it works in place on (2 + 4).
-    torchtitan calls PyTorch's cross entropy on `logits.float()` and deletes the logits before the backward
-    (docs/physics.md `unfused_loss_buffers`, `compiled_loss`, each measured op by op on torch 2.13): eager, the
-    fp32 log-softmax it saves, the loss's fp32 gradient and the log-softmax's at the backward's peak (4 + 4 + 4);
-    compiled with the model (`training.compiled_loss`, torchtitan's default with torch.compile since 2025-04),
-    Inductor saves only the bf16 logits and per-row statistics and writes the bf16 gradient (2 + 2). With tp > 1
-    torchtitan runs the loss on vocabulary-sharded DTensors (`loss_parallel`), which was not measured: the
-    earlier count, 2 + 4 + 4 + 4, stays there (the high side). `training.fused_cross_entropy` (default: false for
-    torchtitan only) says which."""
+    torchtitan calls PyTorch's cross entropy on `logits.float()` and deletes the logits before the backward; its
+    peak, measured with torch 2.13 (docs/physics.md `unfused_loss_buffers`, `compiled_loss`;
+    docs/measure_torchtitan_memory.py): eager 12 (the saved fp32 log-softmax, the loss's and the log-softmax's
+    fp32 gradients), compiled with the model 4 (`training.compiled_loss`, torchtitan's default with
+    torch.compile since 2025-04: Inductor keeps the bf16 logits and writes the bf16 gradient); with tp > 1,
+    where torchtitan runs it on vocabulary-sharded DTensors (`loss_parallel`), 16 eager and 10 compiled per local
+    logit. `training.fused_cross_entropy` (default: false for torchtitan only) says which."""
     if job.fused_cross_entropy or not cost.term("unfused_loss_buffers"):
         return 6.0
+    compiled = job.compiled_loss and cost.term("compiled_loss")
     if p.tp > 1:
-        return 14.0
-    if job.compiled_loss and cost.term("compiled_loss"):
-        return 4.0
-    return 12.0
+        return 10.0 if compiled else 16.0
+    return 4.0 if compiled else 12.0
 
 
 def unsharded_pipeline_bytes(job, p) -> float:
