@@ -23,6 +23,7 @@ from scipy.optimize import least_squares
 from formulation.evaluate import evaluate
 from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration
 from solvers.validation.crossval import Prediction, spearman
+from solvers.validation.joint_fit import huber_loss
 
 # How far the knobs differ between clusters: per source and GPU type with >= 4 visible runs, the three knobs
 # fitted on all its runs over the leave-one-source-out model; their rms over the 14 groups (log compute scale,
@@ -45,9 +46,10 @@ def _knobs(z: np.ndarray, mean_time_s: float) -> UserCalibration:
 
 
 def huber_residual(r: float, scale: float = HUBER_RUNS * RUN_SPREAD) -> float:
-    """A residual whose square is Huber's loss of r (r itself within `scale`, then growing as sqrt(|r|)):
-    least squares on these minimises the Huber loss; continuous with its first derivative at `scale`."""
-    return r if abs(r) <= scale else math.copysign(math.sqrt(2 * scale * abs(r) - scale * scale), r)
+    """A residual whose square is Huber's loss of r (joint_fit.huber_loss: r itself within `scale`, then growing
+    as sqrt(|r|)): least squares on these minimises the Huber loss; continuous with its first derivative at
+    `scale`."""
+    return math.copysign(math.sqrt(float(huber_loss(r, scale))), r)
 
 
 def fit_user_calibration(cases: list[tuple], names: tuple = ()) -> UserCalibration:

@@ -79,6 +79,7 @@ def joint_fit(runs, key_of, tables: TimeTables) -> Fit:
 
 
 def huber_loss(r: np.ndarray, scale: float) -> np.ndarray:
-    """Huber's loss: r^2 within `scale`, 2 scale |r| - scale^2 beyond (the square of fewshot.huber_residual)."""
+    """Huber's loss: r^2 within `scale`, 2 scale |r| - scale^2 beyond (fewshot.huber_residual is its signed root,
+    for least squares)."""
     a = np.abs(r)
     return np.where(a <= scale, r * r, 2 * scale * a - scale * scale)
