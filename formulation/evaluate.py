@@ -5,7 +5,7 @@ Every placement, from any method, is scored here; the exact program is an encodi
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -14,8 +14,8 @@ from formulation.physics.memory import StageMemory, memory_coefficients, stage_m
 from formulation.intervals import prediction_interval
 from formulation.placement import Placement, check_placement
 from formulation.physics.stage import dp_sync as stage_dp_sync
-from formulation.physics.stage import (iteration_time, layer_time, mixed_constants, mixed_passes, stage_constants,
-                                       stage_passes)
+from formulation.physics.stage import (BlockConstants, iteration_time, layer_time, mixed_constants, mixed_passes,
+                                       stage_constants, stage_passes)
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,12 @@ def _slowest_type(cluster, gpus: np.ndarray, model, job, p):
                key=lambda g: moe_cost.layer_compute(model, job, p, g).forward)
 
 
-def _stage_memory(instance, p, stage, layers, gpus, dense_layers: int = 0) -> StageMemory:
+def _stage_memory(instance, p, stage, layers, gpus, dense_layers: int = 0, plain=None,
+                  plain_layers: int = 0) -> StageMemory:
     cluster = instance.cluster
     types = sorted({cluster.nodes[n].gpu_type for n in np.unique(cluster.gpu_node[gpus])})
-    options = [stage_memory(instance, p, stage, layers, cluster.gpu_types[t], dense_layers=dense_layers)
-               for t in types]
+    options = [stage_memory(instance, p, stage, layers, cluster.gpu_types[t], dense_layers=dense_layers,
+                            plain=plain, plain_layers=plain_layers) for t in types]
     return max(options, key=lambda m: m.total_gib - m.limit_gib)
 
 
@@ -201,6 +202,8 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
                 raise ValueError("a stage of a model with both layer kinds needs its LayerMix")
             mix = layer_kinds.stage_mixes(instance.model, p.layers_per_stage, p.vpp)[i]
         return _mixed_stage_estimate(instance, p, i, mix, sl)
+    if 0 < p.recomputed_layers(layers) < layers:
+        return _block_stage_estimate(instance, p, i, layers)
     job, cluster = instance.training, instance.cluster
     k, lt, gpu_type = sl.constants, sl.layer, sl.gpu_type
     # output layer and loss on the last stage: forward + 2x backward, never recomputed
@@ -217,6 +220,35 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
         memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep)
+
+
+def _block_stage_estimate(instance, p: Placement, i: int, layers: int) -> StageEstimate:
+    """`stage_estimate` under Megatron-LM's block recompute ((C4b), (M4b)): the stage's recomputed layers at full
+    recompute's per-layer terms, the others at recompute "none"'s, each times its count."""
+    job, cluster = instance.training, instance.cluster
+    full, plain = replace(p, recompute_num_layers=0), replace(p, recompute="none", recompute_num_layers=0)
+    n_r = p.recomputed_layers(layers)
+    n_p = layers - n_r
+    sf, sn = stage_links(instance, full, i), stage_links(instance, plain, i)
+    kf, kn, lf, ln = sf.constants, sn.constants, sf.layer, sn.layer
+    k = BlockConstants(kf, kn, n_r)
+    fwd = n_r * lf.forward + n_p * ln.forward + k.output_fwd
+    bwd = n_r * lf.backward + n_p * ln.backward + 2 * k.output_fwd
+    compute = n_r * (kf.f_compute + kf.b_compute) + n_p * (kn.f_compute + kn.b_compute) + 3 * k.output_fwd
+    dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message: max(
+        cost.collective_time(kind, message, lk, cluster) for lk in sf.dp_links))
+    opt_fixed, opt_per_layer = memory_coefficients(instance, full, i).optimizer
+
+    def per_kind(field: str) -> float:
+        return n_r * getattr(lf, field) + n_p * getattr(ln, field)
+
+    return StageEstimate(
+        stage=i, layers=layers, gpu_type=sf.gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
+        tp_comm_s=per_kind("tp"), cp_comm_s=per_kind("cp"), zero3_comm_s=per_kind("zero3"),
+        dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
+            (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], sf.gpu_type),
+        memory=_stage_memory(instance, full, i, layers, sf.gpus, plain=memory_coefficients(instance, plain, i),
+                             plain_layers=n_p))
 
 
 def _mixed_stage_estimate(instance, p: Placement, i: int, mix, sl: StageLinks) -> StageEstimate:

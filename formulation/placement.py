@@ -64,10 +64,25 @@ class Placement(Config):
 
     layers_per_stage: tuple[int, ...]
     gpus: tuple[int, ...]  # global GPU index of every rank, in tp-cp-dp-pp order
+    # With recompute "full": 0 recomputes every layer (Megatron-LM's --recompute-method uniform
+    # --recompute-num-layers 1); r > 0 only the first r layers of each model chunk, the others keeping their
+    # activations (--recompute-method block --recompute-num-layers r; (C4b), (M4b) in docs/model.md). A plan the
+    # user brings: the search does not propose it (docs/model.md says why).
+    recompute_num_layers: int = field(default=0, kw_only=True)
 
     @classmethod
     def of(cls, config: Config, layers_per_stage, gpus) -> "Placement":
         return cls(**_choices(config), layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
+
+    def recomputed_layers(self, layers: int) -> int:
+        """How many of a stage's `layers` recompute their forward in the backward under recompute "full": all,
+        or with `recompute_num_layers` r the first r of each of its vpp chunks (Megatron-Core's block method
+        counts within each chunk)."""
+        if self.recompute != "full":
+            return 0
+        if self.recompute_num_layers == 0:
+            return layers
+        return self.vpp * min(self.recompute_num_layers, layers // self.vpp)
 
     @property
     def config(self) -> Config:
@@ -129,14 +144,17 @@ class Placement(Config):
 
     def summary(self) -> str:
         """The choices on one line, in the ecosystem's words."""
+        block = f" recompute_num_layers={self.recompute_num_layers}" if self.recompute_num_layers else ""
         return (f"{self.sizes()} vpp={self.vpp} "
-                f"micro_batch_size={self.micro_batch_size} recompute={self.recompute} zero_stage={self.zero_stage} "
-                f"layers_per_stage={list(self.layers_per_stage)}")
+                f"micro_batch_size={self.micro_batch_size} recompute={self.recompute}{block} "
+                f"zero_stage={self.zero_stage} layers_per_stage={list(self.layers_per_stage)}")
 
     def to_dict(self, cluster=None) -> dict:
         out = asdict(self)
         if (self.ep, self.etp) == (1, 1):  # dense plans keep their keys
             del out["ep"], out["etp"]
+        if not self.recompute_num_layers:  # every layer under its policy: the plans of the search
+            del out["recompute_num_layers"]
         out["layers_per_stage"] = list(self.layers_per_stage)
         out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
         return out
@@ -213,6 +231,7 @@ def check_placement(instance, p: Placement, file: str) -> None:
     if sum(p.layers_per_stage) != model.num_layers:
         bad("layers_per_stage", f"sums to {sum(p.layers_per_stage)}, the model has {model.num_layers} layers")
     check_experts(model, p, bad)
+    check_block_recompute(model, job, p, bad)
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -221,6 +240,24 @@ def check_placement(instance, p: Placement, file: str) -> None:
         if p.num_micro_batches(job.global_batch_size) % p.pp:
             bad("vpp", f"interleaving needs the number of micro-batches "
                        f"({p.num_micro_batches(job.global_batch_size)}) divisible by pp={p.pp}")
+
+
+def check_block_recompute(model, job, p: Placement, bad) -> None:
+    """recompute_num_layers (Megatron-LM's block method) needs recompute "full", the megatron stack (torchtitan's
+    every-k-th-layer option and DeepSpeed's checkpointing count layers otherwise) and a dense model."""
+    r = p.recompute_num_layers
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        bad("recompute_num_layers", f"expected a non-negative integer, got {r!r}")
+    if r == 0:
+        return
+    if p.recompute != "full":
+        bad("recompute_num_layers", f"applies to recompute \"full\" (Megatron-LM's --recompute-method block); "
+                                    f"got recompute={p.recompute!r}")
+    if job.software_stack != "megatron":
+        bad("recompute_num_layers", f"Megatron-LM's block recompute is modelled for software_stack megatron, not "
+                                    f"{job.software_stack}")
+    if model.moe is not None:
+        bad("recompute_num_layers", "block recompute is not modelled for mixture-of-experts models: expected 0")
 
 
 def check_experts(model, p: Config, bad) -> None:
@@ -257,6 +294,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     mbs = sec.integer("micro_batch_size", default=1)
     ep, etp = sec.integer("ep", default=1), sec.integer("etp", default=1)
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
+    recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
     zero = sec.raw("zero_stage", None)
     dist_opt = sec.raw("distributed_optimizer", None)
     if dist_opt is not None and not isinstance(dist_opt, bool):
@@ -289,7 +327,8 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
         gpus = tuple(gpus)
     sec.done()
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
-                          zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus)
+                          zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus,
+                          recompute_num_layers=recompute_num_layers)
     check_placement(instance, placement, file)
     return placement
 

@@ -268,23 +268,28 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
 
 
 def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: MemoryCoefficients | None = None,
-                 dense_layers: int = 0) -> StageMemory:
+                 dense_layers: int = 0, plain: MemoryCoefficients | None = None,
+                 plain_layers: int = 0) -> StageMemory:
     """(M7) total = static + dynamic x (1 + fragmentation) + runtime overhead; fits if <= fraction x capacity.
     `dense_layers` of the `layers` are dense layers of a model with both kinds (E1): each component is then
-    fixed + per-layer(MoE) x (layers - dense_layers) + per-layer(dense) x dense_layers.
+    fixed + per-layer(MoE) x (layers - dense_layers) + per-layer(dense) x dense_layers. Likewise under block
+    recompute (M4b) `plain_layers` of them keep their activations, with `plain`'s per-layer terms (those of
+    recompute "none"), the others `coefficients`' (full recompute, whose fixed terms hold the working memory of
+    the layer being recomputed).
 
     Weights, gradients and optimizer state live in contiguous buffers allocated once (Megatron-LM's param
     and grad buffers, the distributed optimizer's shards), so only the dynamic allocations (activations,
     temporary buffers) fragment the caching allocator.
     """
     c = coefficients or memory_coefficients(instance, p, stage)
-    d = memory_coefficients(instance, p, stage, "dense") if dense_layers else None
+    d = memory_coefficients(instance, p, stage, "dense") if dense_layers else plain
+    other = dense_layers or plain_layers
 
     def gib(name: str) -> float:
         fixed, per_layer = getattr(c, name)
         if d is None:
             return (fixed + per_layer * layers) / GIB
-        return (fixed + per_layer * (layers - dense_layers) + getattr(d, name)[1] * dense_layers) / GIB
+        return (fixed + per_layer * (layers - other) + getattr(d, name)[1] * other) / GIB
 
     weights, grads, optim = gib("weights"), gib("gradients"), gib("optimizer")
     acts, bufs = gib("activations"), gib("buffers")

@@ -104,6 +104,37 @@ class MixedConstants:
         return self.moe.expert_params(mix.moe)
 
 
+@dataclass(frozen=True)
+class BlockConstants:
+    """A stage under Megatron-LM's block recompute ((C4b), docs/model.md): `recomputed` of its layers recompute
+    their forward (`full`'s constants), the others keep their activations (`plain`'s). Its methods take the
+    stage's layer count as StageConstants' do, so the (C11) functions below serve it unchanged: window =
+    n_r b_full + (n - n_r) b_plain + 2 out; the parameters are the same whatever a layer recomputes."""
+
+    full: StageConstants
+    plain: StageConstants
+    recomputed: int
+    expert_params_per_layer: float = 0.0  # dense models only (placement.check_block_recompute)
+
+    @property
+    def output_fwd(self) -> float:
+        return self.full.output_fwd
+
+    def window_b(self, layers: int) -> float:
+        return (self.recomputed * self.full.b_compute + (layers - self.recomputed) * self.plain.b_compute
+                + 2 * self.output_fwd)
+
+    def window_f(self, layers: int) -> float:
+        return (self.recomputed * self.full.f_compute + (layers - self.recomputed) * self.plain.f_compute
+                + self.output_fwd)
+
+    def stage_params(self, layers: int) -> float:
+        return self.full.stage_params(layers)
+
+    def expert_params(self, layers: int) -> float:
+        return 0.0
+
+
 def mixed_constants(instance, p, stage: int, gpu_type) -> MixedConstants:
     return MixedConstants(stage_constants(instance, p, stage, gpu_type, "dense"),
                           stage_constants(instance, p, stage, gpu_type, "moe"))

@@ -168,12 +168,15 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
 
 def recompute_arguments(job, p: Placement) -> list[tuple[str, object]]:
     """Selective recompute with Megatron-Core's modules where the job names other than its default (core_attn),
-    or full recompute of every layer."""
+    or full recompute: of every layer, or (recompute_num_layers r) of the first r layers of each model chunk."""
     if p.recompute == "selective":
         args: list[tuple[str, object]] = [("--recompute-granularity", "selective")]
         if tuple(job.recompute_modules) != DEFAULT_RECOMPUTE_MODULES:
             args.append(("--recompute-modules", tuple(job.recompute_modules)))  # nargs='*': one word each
         return args
+    if p.recompute == "full" and p.recompute_num_layers:
+        return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                ("--recompute-num-layers", p.recompute_num_layers)]
     if p.recompute == "full":
         return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     return []

@@ -3,7 +3,8 @@
 Defaults for blank cells (documented in docs/validation.md):
 - kv_heads blank: multi-head attention (kv_heads = heads). MLP: GELU with 2 matrices when ffn = 4 x hidden
   (GPT, MPT, Nemotron's squared ReLU), SwiGLU otherwise. GPT-style runs (GELU) carry dropout.
-- cp, vp, mbs blank: 1. recompute blank: none. zero blank: 1 (Megatron distributed optimizer) for
+- cp, vp, mbs blank: 1. recompute blank: none; `block:r` is Megatron-LM's block method (recompute "full" with
+  recompute_num_layers r: the first r layers of each model chunk). zero blank: 1 (Megatron distributed optimizer) for
   Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
   README and Korthikanti's baselines without sequence parallelism.
@@ -112,6 +113,13 @@ def run_from_row(index: int, r: dict) -> Run:
     old = _is_old_megatron(source)
     recompute_text = (r["recompute"] or "").strip()
     recompute = recompute_text.split("+")[0] if recompute_text else "none"
+    block = 0
+    if recompute.startswith("block:"):  # Megatron-LM --recompute-method block --recompute-num-layers r
+        count = recompute.partition(":")[2].strip()
+        block = int(count) if count.isdigit() else 0
+        if block < 1:
+            return skip(f"recompute {recompute!r}: expected block:<layers per chunk>, a positive integer")
+        recompute = "full"
     zero = _int(r["zero"], 0 if old else 1)
     data = _instance_data(index, r, precision, recompute, zero, old)
     try:
@@ -120,7 +128,10 @@ def run_from_row(index: int, r: dict) -> Run:
         return skip(f"cannot build the model: {exc}")
     layers = instance.model.num_layers
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
-                          zero_stage=zero, layers_per_stage=even_split(layers, pp), gpus=tuple(range(n_gpus)))
+                          zero_stage=zero, layers_per_stage=even_split(layers, pp), gpus=tuple(range(n_gpus)),
+                          recompute_num_layers=block)
+    if block and (instance.training.software_stack != "megatron" or instance.model.moe is not None):
+        return skip("block recompute is modelled for dense models on the megatron stack")
     if vpp > 1 and any(n % vpp for n in placement.layers_per_stage):
         return skip(f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly")
     if gbs % (mbs * dp):
