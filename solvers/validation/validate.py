@@ -269,7 +269,7 @@ def _validate(args) -> int:
     few = fewshot.few_shot_table(predictions) if args.few_shot else []
     if args.write_intervals:
         path = write_intervals(crossval.log_residuals(predictions), summary, mode)
-        console.print(f"prediction interval written to {path}")
+        print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
     rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
