@@ -45,6 +45,8 @@ class PlanResult:
     fitting: int = 0
     default: tuple | None = None  # (placement, estimate) of the fastest Megatron-style default placement
     history: list = field(default_factory=list)  # (seconds since the search began, best time) at each improvement
+    # beyond the searched space, scored but not covered by the bound (solvers/local/block_recompute.py)
+    hints: list = field(default_factory=list)
 
     def to_dict(self, cluster) -> dict:
         out = {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict(),
@@ -54,4 +56,6 @@ class PlanResult:
             out["alternatives"] = [{"placement": p.to_dict(cluster), "estimate": e.to_dict(),
                                     "tie_with_best": intervals_overlap(mine, e.iteration_time_interval_s)}
                                    for p, e in self.alternatives]
+        if self.hints:
+            out["hints"] = self.hints
         return out

@@ -151,3 +151,38 @@ def test_runs_csv_reads_block_recompute(tmp_path):
     assert "block:<layers per chunk>" in runs[3].skipped_reason
     times = [evaluate(r.instance, r.placement).iteration_time_s for r in runs[:3]]
     assert times[0] < times[2] < times[1]
+
+
+def test_hint_is_the_fastest_fitting_block_recompute_of_a_full_recompute_plan(tmp_path):
+    """`solve` on a job allowed only full recompute: the plan file carries the block-recompute hint, whose layer
+    count is the fastest fitting one over every r by brute force and whose time `--evaluate` reproduces."""
+    from solvers.outputs.cli import run
+
+    data = json.loads((REPO / "instances" / "small_2x4.json").read_text())
+    data["training"]["recompute"] = ["full"]
+    instance_path, plan_path = tmp_path / "full_only.json", tmp_path / "plan.json"
+    instance_path.write_text(json.dumps(data))
+    assert run(["--instance", str(instance_path), "--output", str(plan_path), "--quiet"]) == 0
+    plan = json.loads(plan_path.read_text())
+    instance = load_instance(instance_path)
+    placement = load_placement(plan_path, instance)
+    assert placement.recompute == "full" and placement.recompute_num_layers == 0
+    fitting = []
+    for r in range(1, max(placement.layers_per_stage) // placement.vpp):
+        est = evaluate(instance, dataclasses.replace(placement, recompute_num_layers=r))
+        if est.fits:
+            fitting.append((est.iteration_time_s, r))
+    (hint,) = plan["hints"]
+    assert (hint["iteration_time_s"], hint["recompute_num_layers"]) == min(fitting)
+    assert hint["iteration_time_s"] < plan["estimate"]["iteration_time_s"]
+    assert "no bound covers it" in hint["note"]
+    assert plan["solver"]["objective_s"] == plan["estimate"]["iteration_time_s"]  # the plan itself is unchanged
+
+
+def test_no_hint_where_block_recompute_does_not_apply(h100, full):
+    from solvers.local.block_recompute import block_recompute_hint
+
+    none = dataclasses.replace(full, recompute="none")
+    assert block_recompute_hint(h100, none, evaluate(h100, none)) is None
+    titan = dataclasses.replace(h100, training=dataclasses.replace(h100.training, software_stack="torchtitan"))
+    assert block_recompute_hint(titan, full, evaluate(titan, full)) is None

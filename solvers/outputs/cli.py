@@ -28,6 +28,7 @@ from formulation.inputs.ingest import summarize
 from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
 from formulation.placement import load_placement
 from solvers import solve
+from solvers.local.block_recompute import block_recompute_hint
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables, tie_note
 from solvers.search.driver import NoPlanInTime
@@ -152,6 +153,8 @@ def run(argv: list[str]) -> int:
                              console)
             return _write_outputs(args, instance, _Evaluated(placement, estimate), console)
         result = _solve_with_progress(instance, args, solve)
+        if result.solver.objective == "time":  # a faster recompute the search does not propose, as a hint
+            result.hints = [h for h in [block_recompute_hint(instance, result.placement, result.estimate)] if h]
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     except InfeasibleError as exc:
@@ -203,6 +206,8 @@ def _print_plan(instance, result, console) -> None:
     if s.islands:
         print_tables([islands_table(s.islands)], console)
     _print_default_comparison(instance, result, console)
+    for hint in result.hints:
+        console.print(f"hint: {hint['note']}")
     for rank, (p, e) in enumerate(result.alternatives, start=2):
         console.print(f"#{rank}: {e.iteration_time_s:.4f} s  {p.describe()}" + tie_note(result.estimate, e))
 
