@@ -186,3 +186,17 @@ def test_no_hint_where_block_recompute_does_not_apply(h100, full):
     assert block_recompute_hint(h100, none, evaluate(h100, none)) is None
     titan = dataclasses.replace(h100, training=dataclasses.replace(h100.training, software_stack="torchtitan"))
     assert block_recompute_hint(titan, full, evaluate(titan, full)) is None
+
+
+def test_torchtitan_files_say_block_recompute_has_no_counterpart_there(h100, full):
+    from types import SimpleNamespace
+
+    from solvers.outputs.torchtitan import torchtitan_arguments
+
+    block = dataclasses.replace(full, recompute_num_layers=4)
+    _, subcommands, notes = torchtitan_arguments(h100, SimpleNamespace(placement=block,
+                                                                       estimate=evaluate(h100, block)))
+    assert subcommands == ["activation-checkpoint:full"]
+    assert any("first 4 layers of each chunk" in note and "no such option" in note for note in notes)
+    _, _, plain_notes = torchtitan_arguments(h100, SimpleNamespace(placement=full, estimate=evaluate(h100, full)))
+    assert not any("no such option" in note for note in plain_notes)

@@ -85,11 +85,21 @@ def expert_notes(p: Placement) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def block_recompute_notes(p: Placement) -> tuple[str, ...]:
+    """torchtitan has no counterpart of Megatron-LM's block recompute (the first r layers of each chunk)."""
+    if not p.recompute_num_layers:
+        return ()
+    return (f"the plan recomputes the first {p.recompute_num_layers} layers of each chunk (Megatron-LM's block "
+            "method); torchtitan has no such option: written as full activation checkpointing of every layer, which "
+            "takes longer than the plan and less memory (its selective_ac_option = \"k\" checkpoints every k-th "
+            "layer instead, which the planner does not model)",)
+
+
 def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
     """The run `release` can do for `plan`: as planned, or the fastest runnable zero stage that fits."""
     p, e = plan.placement, plan.estimate
     if p.zero_stage in runnable_zero_stages(p, release):
-        return TorchtitanRun(release, p, e, expert_notes(p))
+        return TorchtitanRun(release, p, e, expert_notes(p) + block_recompute_notes(p))
     scored = [(evaluate(instance, dataclasses.replace(p, zero_stage=z), check=False), z)
               for z in runnable_zero_stages(p, release)]
     fitting = [(est, z) for est, z in scored if est.fits] or scored
@@ -104,7 +114,8 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
     note += ("; " + "; ".join(others) if others else "") + (
         f'. For a plan torchtitan runs as planned, re-plan with "zero_stage": {list(runnable_zero_stages(p, release))} '
         'in the instance\'s training section.')
-    return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est, (note, *expert_notes(p)))
+    return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est,
+                        (note, *expert_notes(p), *block_recompute_notes(p)))
 
 
 def torchtitan_model(model_name: str) -> tuple[str, str] | None:
