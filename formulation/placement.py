@@ -74,6 +74,13 @@ class Placement(Config):
     def of(cls, config: Config, layers_per_stage, gpus) -> "Placement":
         return cls(**_choices(config), layers_per_stage=tuple(layers_per_stage), gpus=tuple(gpus))
 
+    @property
+    def recompute_text(self) -> str:
+        """The recompute policy in words: with block recompute, how many layers of each chunk."""
+        if self.recompute_num_layers:
+            return f"{self.recompute} (block: first {self.recompute_num_layers} layers of each chunk)"
+        return self.recompute
+
     def recomputed_layers(self, layers: int) -> int:
         """How many of a stage's `layers` recompute their forward in the backward under recompute "full": all,
         or with `recompute_num_layers` r the first r of each of its vpp chunks (Megatron-Core's block method

@@ -189,7 +189,7 @@ def memory_bars(instance, placement, estimate, path) -> Path:
     ax.set_ylim(0, max(max(c for _, c in limits), bottom.max()) * 1.12)
     p = placement
     ax.set_title(f"{instance.name}: memory per GPU by stage\n({p.sizes()}, "
-                 f"mbs={p.micro_batch_size}, recompute={p.recompute}, zero={p.zero_stage}); "
+                 f"mbs={p.micro_batch_size}, recompute={p.recompute_text}, zero={p.zero_stage}); "
                  f"{'fits' if estimate.fits else 'DOES NOT FIT'}", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()  # top component first, as stacked
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)

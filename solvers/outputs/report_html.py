@@ -36,7 +36,7 @@ def report_html(instance, plan, files: dict[str, Path]) -> str:
         ["model", f"{instance.model.name} ({instance.model.num_layers} layers, hidden {instance.model.hidden_size})"],
         ["GPUs", f"{p.world_size} of {instance.cluster.num_gpus} ({len(instance.cluster.nodes)} nodes)"],
         ["parallel sizes", f"{p.sizes()} vpp={p.vpp}"],
-        ["micro-batch, recompute, zero", f"{p.micro_batch_size}, {p.recompute}, {p.zero_stage}"],
+        ["micro-batch, recompute, zero", f"{p.micro_batch_size}, {p.recompute_text}, {p.zero_stage}"],
         ["layers per stage", ", ".join(map(str, p.layers_per_stage))],
         ["micro-batches per iteration", e.num_micro_batches],
         ["iteration time", f"{e.iteration_time_s:.3f} s"],
