@@ -203,7 +203,7 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
             mix = layer_kinds.stage_mixes(instance.model, p.layers_per_stage, p.vpp)[i]
         return _mixed_stage_estimate(instance, p, i, mix, sl)
     if 0 < p.recomputed_layers(layers) < layers:
-        return _block_stage_estimate(instance, p, i, layers)
+        return _block_stage_estimate(instance, p, i, layers, sl)
     job, cluster = instance.training, instance.cluster
     k, lt, gpu_type = sl.constants, sl.layer, sl.gpu_type
     # output layer and loss on the last stage: forward + 2x backward, never recomputed
@@ -222,14 +222,15 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
         memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep)
 
 
-def _block_stage_estimate(instance, p: Placement, i: int, layers: int) -> StageEstimate:
+def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: StageLinks) -> StageEstimate:
     """`stage_estimate` under Megatron-LM's block recompute ((C4b), (M4b)): the stage's recomputed layers at full
-    recompute's per-layer terms, the others at recompute "none"'s, each times its count."""
+    recompute's per-layer terms, the others at recompute "none"'s, each times its count. `sf`: the stage's links
+    under `p` itself, which are full recompute's (the layer count r does not enter them)."""
     job, cluster = instance.training, instance.cluster
     full, plain = replace(p, recompute_num_layers=0), replace(p, recompute="none", recompute_num_layers=0)
     n_r = p.recomputed_layers(layers)
     n_p = layers - n_r
-    sf, sn = stage_links(instance, full, i), stage_links(instance, plain, i)
+    sn = stage_links(instance, plain, i)
     kf, kn, lf, ln = sf.constants, sn.constants, sf.layer, sn.layer
     k = BlockConstants(kf, kn, n_r)
     fwd = n_r * lf.forward + n_p * ln.forward + k.output_fwd
