@@ -81,3 +81,21 @@ def test_row_table_prints_peak_memory_in_gib_like_plans(tmp_path):
     assert "peak mem [GiB]" in done.stdout
     row = next(line for line in done.stdout.splitlines() if "GPT-1.7B" in line and "│" in line)
     assert expected in [cell.strip() for cell in row.split("│")]
+
+
+def test_async_tp_is_read_from_notes_a_column_or_an_assumption(tmp_path):
+    """torchtitan's Table 5 ("... + AsyncTP") rows say "(async TP)" but not the "tp-comm-overlap" note the loader
+    reads: row_assumptions.csv supplies a `tp_comm_overlap` column for them; a user's CSV may have the column."""
+    from formulation.data import REFERENCE_DIR
+
+    titan = load_runs(REFERENCE_DIR / "published_runs_torchtitan.csv")
+    assert titan[11].instance.training.tp_comm_overlap and titan[11].assumptions
+    assert not titan[13].instance.training.tp_comm_overlap  # the asyncTP page's plain-TP baseline
+    float8 = load_runs(REFERENCE_DIR / "published_runs_torchtitan_float8.csv")
+    assert all(r.instance.training.tp_comm_overlap for r in float8[12:16])  # Table 6: "+ AsyncTP"
+    text = (REFERENCE_DIR / "published_runs.csv").read_text().splitlines()
+    header, row = text[0], text[65]  # a DGX Cloud row without tp-comm-overlap in its notes
+    for flag, expected in (("true", True), ("", False)):
+        path = tmp_path / f"mine_{flag or 'blank'}.csv"
+        path.write_text(f"{header},tp_comm_overlap\n{row},{flag}\n")
+        assert load_runs(path)[0].instance.training.tp_comm_overlap is expected

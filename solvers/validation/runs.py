@@ -8,7 +8,7 @@ Defaults for blank cells (documented in docs/validation.md):
   Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
   README and Korthikanti's baselines without sequence parallelism.
-- TP communication overlap: on where the notes say `--tp-comm-overlap`.
+- TP communication overlap: on where the notes say `--tp-comm-overlap` or a `tp_comm_overlap` column says true.
 - Software stack: `fsdp` where the notes say PyTorch FSDP (llm-foundry), else `megatron`. The loss is a fused
   cross entropy except on torchtitan's own rows: llm-foundry's MPT class defaults to flash-attn's
   (`loss_fn: fused_crossentropy`), Megatron-LM's is its fused vocab-parallel one.
@@ -163,7 +163,9 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      "context_parallel_sizes": [_int(r["cp"], 1)], "virtual_pipeline_sizes": [_int(r["vp"], 1)],
                      "flash_attention": not old,
                      "sequence_parallel": not old or "sequence-parallel" in (r["recompute"] or ""),
-                     "tp_comm_overlap": "tp-comm-overlap" in r["notes"], "memory_limit_fraction": 1.0,
+                     # an optional `tp_comm_overlap` column (true / false) says it where the notes do not
+                     "tp_comm_overlap": ((r.get("tp_comm_overlap") or "").strip().lower() == "true"
+                                         or "tp-comm-overlap" in r["notes"]), "memory_limit_fraction": 1.0,
                      "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
                      "torch_compile": compiled,
                      # torchtitan compiles the loss with the model since 2025-04 (bbb1b616e); older rows say
