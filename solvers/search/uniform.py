@@ -133,17 +133,21 @@ def _enumerate(instance, candidates: list[Candidate], result: SearchResult, dead
     then (B1) and (B2) where they matter, most promising first. Every candidate holds a valid lower bound at
     every moment, so a time limit anywhere leaves an honest global bound. False if the time limit ended the
     first pass (after a first plan exists); `result.unseen_bound_s` then bounds the configurations not reached.
-    (B1) and (B2) stop at `bounds_until`."""
+    (B1) and (B2) stop at `bounds_until`.
+
+    The limit never stops the pass before a first plan: a short limit on a loaded machine would otherwise end
+    with no plan at all although one is a default placement away (what a plan needs is checked, not the clock)."""
     work_bound = WorkBound(instance)
     configs = list(configurations(instance))
-    shortfall = None
+    shortfall, have_plan = None, False
     for index, config in enumerate(configs):
         try:
-            if time.perf_counter() >= deadline:
+            if have_plan and time.perf_counter() >= deadline:
                 result.stopped = "time limit"
                 result.unseen_bound_s = min(work_bound(c) for c in configs[index:])
                 return False
             shortfall = _first_pass(instance, config, candidates, result, work_bound, shortfall)
+            have_plan = have_plan or bool(candidates and candidates[-1].estimate is not None)
         except KeyboardInterrupt:  # Ctrl-C: what was not reached keeps its (B0), so the bound stays honest
             result.unseen_bound_s = min(work_bound(c) for c in configs[index:])
             raise
