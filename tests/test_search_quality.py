@@ -82,3 +82,22 @@ def test_warm_continuation_starts_cooler():
     assert warm.placement == again.placement and warm.accepted == again.accepted
     assert warm.estimate.iteration_time_s <= first.estimate.iteration_time_s
     assert warm.accepted < hot.accepted
+
+
+def test_gap_rounds_with_no_time_for_an_anneal_return_at_once(monkeypatch):
+    """Phase 2 starts no anneal with less than MIN_ANNEAL_S left: it returns instead of cycling through rounds of
+    anneals that each return at once until its end (measured_64 at 10 s lost about 1 s so, and the final
+    share that followed was then too short for the descent)."""
+    import time
+
+    import solvers.search.close_gap as close_gap
+    from solvers.search.uniform import SearchResult, _enumerate
+    from conftest import REPO
+    instance = load_instance(REPO / "instances" / "small_2x4.json")
+    candidates, result = [], SearchResult(method="test")
+    _enumerate(instance, candidates, result, float("inf"), 1)
+    calls = []
+    monkeypatch.setattr(close_gap, "_anneal", lambda *a, **k: calls.append(a) or False)
+    close_gap._rounds(instance, candidates, result, 0, 1, None, "cpsat", set(),
+                      time.perf_counter() + close_gap.MIN_ANNEAL_S / 2, 1_000_000, float("inf"))
+    assert calls == []

@@ -198,8 +198,9 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
         if not order and r > 0:
             break
         for cand in order:
-            if time.perf_counter() >= budget_end:
-                return
+            if budget_end - time.perf_counter() < MIN_ANNEAL_S:
+                return  # no anneal starts in what is left (it would return at once, round after round): the
+                # rest goes to the final share
             if prunes(cand.lower_bound, kth_of(candidates, top)):
                 continue  # the incumbent fell below its bound during this round
             if r == 0:
