@@ -97,3 +97,47 @@ def test_search_refuses_an_optimum_the_evaluator_does_not_confirm(monkeypatch):
     assert result.solver.status != "optimal"
     assert result.solver.bound_s < result.estimate.iteration_time_s * (1 - 1e-6)
     assert result.estimate.fits
+
+
+needs_cpsat = pytest.mark.skipif(not AVAILABLE["cpsat"], reason="OR-Tools not installed")
+
+
+@needs_cpsat
+def test_cpsat_that_ignores_its_time_limit_is_given_up_as_a_timeout(monkeypatch):
+    """A CP-SAT solve that does not return at its limit (a stall in one long search step, as seen on
+    tests/test_exact.py's seed 6: 20 s under a 2 s limit; here a solve that sleeps 30 s) is given up at the
+    limit plus the grace: a timeout without values, never a claim, in a few seconds rather than 30."""
+    import time
+
+    from ortools.sat.python import cp_model
+
+    from solvers.backends import cpsat
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", lambda self, model, *a, **k: time.sleep(30) or cp_model.OPTIMAL)
+    started = time.perf_counter()
+    out = cpsat.solve(market_split(rows=1, cols=4), time_limit_s=0.2)
+    assert time.perf_counter() - started < 10.0
+    assert out.status == "timeout" and out.values is None and out.bound_s is None
+    assert "given up" in out.message
+
+
+@needs_cpsat
+def test_cpsat_errors_in_its_thread_reach_the_caller(monkeypatch):
+    from ortools.sat.python import cp_model
+
+    from solvers.backends import cpsat
+
+    def broken(self, model, *a, **k):
+        raise RuntimeError("solver crashed")
+
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", broken)
+    with pytest.raises(RuntimeError, match="solver crashed"):
+        cpsat.solve(market_split(rows=1, cols=4), time_limit_s=5.0)
+
+
+@needs_cpsat
+def test_cpsat_with_and_without_a_time_limit_gives_the_same_proof():
+    from solvers.backends import cpsat
+    prog = market_split(rows=1, cols=6)
+    free, limited = cpsat.solve(prog), cpsat.solve(prog, time_limit_s=30.0)
+    assert free.status == limited.status == "optimal"
+    assert free.objective_s == limited.objective_s and free.values == limited.values

@@ -12,7 +12,7 @@ class BackendResult:
     objective_s: float | None  # the program's objective in seconds
     bound_s: float | None  # best proven lower bound in seconds
     wall_time_s: float
-    message: str = ""  # what went wrong, for status "error" (solver missing, killed, model rejected)
+    message: str = ""  # what went wrong: status "error" (solver missing, killed, model rejected), or a run given up
 
 
 def available() -> dict[str, bool]:
