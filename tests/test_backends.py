@@ -141,3 +141,22 @@ def test_cpsat_with_and_without_a_time_limit_gives_the_same_proof():
     free, limited = cpsat.solve(prog), cpsat.solve(prog, time_limit_s=30.0)
     assert free.status == limited.status == "optimal"
     assert free.objective_s == limited.objective_s and free.values == limited.values
+
+
+@needs_cpsat
+def test_ctrl_c_during_a_cp_sat_solve_reaches_the_caller(monkeypatch):
+    """Ctrl-C while CP-SAT runs in its thread: the caller gets KeyboardInterrupt at once (the search then ends
+    with its best plan), also when the signal lands on another thread than the waiting one."""
+    import signal
+    import threading
+    import time
+
+    from ortools.sat.python import cp_model
+
+    from solvers.backends import cpsat
+    monkeypatch.setattr(cp_model.CpSolver, "Solve", lambda self, model, *a, **k: time.sleep(30) or cp_model.OPTIMAL)
+    threading.Timer(0.3, signal.raise_signal, args=(signal.SIGINT,)).start()  # raised in the timer's thread
+    started = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        cpsat.solve(market_split(rows=1, cols=4), time_limit_s=20.0)
+    assert time.perf_counter() - started < 5.0

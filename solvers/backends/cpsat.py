@@ -24,6 +24,9 @@ MAX_SCALED_CONSTANT = 1e9
 RELATIVE_GAP = 1e-8
 # a run still going this long after its time limit is given up (see `solve`)
 OVERRUN_GRACE_S = 0.5
+# the caller wakes this often while CP-SAT runs: Python raises KeyboardInterrupt in the main thread when it next
+# runs bytecode, and a Ctrl-C signal that the kernel hands to another thread does not wake a blocked join
+WAKE_S = 0.05
 
 
 def time_scale(program) -> int:
@@ -75,8 +78,11 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
     worker = threading.Thread(target=run, name="cp-sat", daemon=True)
     worker.start()
     try:  # CP-SAT's clock starts at its solve, after the model is built (seconds for the largest programs)
-        solver_box["solving"].wait()
-        worker.join(time_limit_s + overrun_grace(time_limit_s))
+        while not solver_box["solving"].wait(WAKE_S):
+            pass
+        given_up_at = time.perf_counter() + time_limit_s + overrun_grace(time_limit_s)
+        while worker.is_alive() and time.perf_counter() < given_up_at:
+            worker.join(min(WAKE_S, max(0.0, given_up_at - time.perf_counter())))
     except KeyboardInterrupt:  # Ctrl-C reaches Python (CP-SAT does not catch it here): the search ends
         _stop(solver_box)
         raise
