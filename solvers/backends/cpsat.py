@@ -19,6 +19,7 @@ import time
 from solvers.backends import BackendResult
 
 MAX_SCALED_CONSTANT = 1e9
+INF = float("inf")
 # Stop once the incumbent is proven within this fraction of the bound (the exact program itself is
 # exact; this only ends the proof at a resolution far below any difference between plans).
 RELATIVE_GAP = 1e-8
@@ -55,15 +56,15 @@ def available() -> bool:
 
 
 def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: int = 0) -> BackendResult:
-    """The backend contract. With a time limit CP-SAT runs in a thread (its solve releases the GIL) and is
-    given up at the limit plus OVERRUN_GRACE_S: some programs stall in one long search step that checks neither
-    the wall-clock nor the deterministic limit (a 4-GPU program of tests/test_exact.py's seed 6 took 20 s under a
-    2 s limit, the steps after its last bound logged in none), and a time limit is a promise to the user. A run
-    given up so is a timeout without values (the search keeps that program's bound, so every claim stays
-    honest); its thread is asked to stop and left to end on its own, a daemon that cannot keep the process
-    alive."""
-    if time_limit_s is None:
-        return _solve_here(program, None, threads, seed)
+    """The backend contract. CP-SAT runs in a thread (its solve releases the GIL) that the caller watches:
+    - Ctrl-C raises KeyboardInterrupt in the caller at once and stops the solve (CP-SAT's own SIGINT catching,
+      which ended only the solve and let the search go on, is off);
+    - with a time limit the solve is given up at the limit plus `overrun_grace`: some programs stall in one long
+      search step that checks neither the wall-clock nor the deterministic limit (a 4-GPU program of
+      tests/test_exact.py's seed 6 took 20 s under a 2 s limit, the steps after its last bound logged in none),
+      and a time limit is a promise to the user. A run given up so is a timeout without values (the search
+      keeps that program's bound, so every claim stays honest); its thread is asked to stop and left to end on
+      its own, a daemon that cannot keep the process alive."""
     start, box = time.perf_counter(), {}
     solver_box: dict = {"solving": threading.Event()}
 
@@ -80,9 +81,9 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
     try:  # CP-SAT's clock starts at its solve, after the model is built (seconds for the largest programs)
         while not solver_box["solving"].wait(WAKE_S):
             pass
-        given_up_at = time.perf_counter() + time_limit_s + overrun_grace(time_limit_s)
+        given_up_at = INF if time_limit_s is None else time.perf_counter() + time_limit_s + overrun_grace(time_limit_s)
         while worker.is_alive() and time.perf_counter() < given_up_at:
-            worker.join(min(WAKE_S, max(0.0, given_up_at - time.perf_counter())))
+            worker.join(max(0.0, min(WAKE_S, given_up_at - time.perf_counter())))
     except KeyboardInterrupt:  # Ctrl-C reaches Python (CP-SAT does not catch it here): the search ends
         _stop(solver_box)
         raise
@@ -137,7 +138,7 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int,
         model.Add(expr >= r) if sense == ">=" else model.Add(expr <= r) if sense == "<=" else model.Add(expr == r)
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in program.objective.items()))
     solver = cp_model.CpSolver()
-    if solver_box is not None:  # run in a thread (`solve`): Ctrl-C is the caller's to handle
+    if solver_box is not None:  # run in a watched thread (`solve`): Ctrl-C is the caller's to handle
         solver_box["solver"] = solver
         solver.parameters.catch_sigint_signal = False
     if time_limit_s is not None:
