@@ -108,8 +108,9 @@ def overrun_grace(time_limit_s: float) -> float:
     return max(OVERRUN_GRACE_S, 0.1 * time_limit_s)
 
 
-def _solve_here(program, time_limit_s: float | None, threads: int, seed: int,
-                solver_box: dict | None = None) -> BackendResult:
+def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, solver_box: dict) -> BackendResult:
+    """One CP-SAT solve in the watched thread of `solve`: the solver goes in `solver_box` (to be stopped), and its
+    "solving" event is set when the model is built."""
     from ortools.sat.python import cp_model
 
     start = time.perf_counter()
@@ -138,17 +139,15 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int,
         model.Add(expr >= r) if sense == ">=" else model.Add(expr <= r) if sense == "<=" else model.Add(expr == r)
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in program.objective.items()))
     solver = cp_model.CpSolver()
-    if solver_box is not None:  # run in a watched thread (`solve`): Ctrl-C is the caller's to handle
-        solver_box["solver"] = solver
-        solver.parameters.catch_sigint_signal = False
+    solver_box["solver"] = solver
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is the watching caller's to handle
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = float(time_limit_s)
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.random_seed = seed
     solver.parameters.relative_gap_limit = RELATIVE_GAP
     solver.parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
-    if solver_box is not None:
-        solver_box["solving"].set()
+    solver_box["solving"].set()
     code = solver.Solve(model)
     unit = program.time_unit_s / scale / program.objective_divisor
     constant = program.objective_constant * program.time_unit_s / program.objective_divisor
