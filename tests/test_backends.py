@@ -158,8 +158,14 @@ def test_ctrl_c_during_a_cp_sat_solve_reaches_the_caller(monkeypatch, time_limit
 
     from solvers.backends import cpsat
     monkeypatch.setattr(cp_model.CpSolver, "Solve", lambda self, model, *a, **k: time.sleep(30) or cp_model.OPTIMAL)
-    threading.Timer(0.3, signal.raise_signal, args=(signal.SIGINT,)).start()  # raised in the timer's thread
-    started = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        cpsat.solve(market_split(rows=1, cols=4), time_limit_s=time_limit_s)
-    assert time.perf_counter() - started < 5.0
+    # Python's own Ctrl-C handler, as in a terminal: a process started in the background (CI's runner, nohup)
+    # inherits SIGINT ignored, and Python then installs none
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.3, signal.raise_signal, args=(signal.SIGINT,)).start()  # raised in the timer's thread
+        started = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            cpsat.solve(market_split(rows=1, cols=4), time_limit_s=time_limit_s)
+        assert time.perf_counter() - started < 5.0
+    finally:
+        signal.signal(signal.SIGINT, previous)
