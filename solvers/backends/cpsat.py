@@ -65,41 +65,41 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
       and a time limit is a promise to the user. A run given up so is a timeout without values (the search
       keeps that program's bound, so every claim stays honest); its thread is asked to stop and left to end on
       its own, a daemon that cannot keep the process alive."""
-    start, box = time.perf_counter(), {}
-    solver_box: dict = {"solving": threading.Event()}
+    start = time.perf_counter()
+    watch: dict = {"solving": threading.Event()}  # the thread's solver, then its result or error
 
     def run() -> None:
         try:
-            box["result"] = _solve_here(program, time_limit_s, threads, seed, solver_box)
+            watch["result"] = _solve_here(program, time_limit_s, threads, seed, watch)
         except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
+            watch["error"] = exc
         finally:
-            solver_box["solving"].set()
+            watch["solving"].set()
 
     worker = threading.Thread(target=run, name="cp-sat", daemon=True)
     worker.start()
     try:  # CP-SAT's clock starts at its solve, after the model is built (seconds for the largest programs)
-        while not solver_box["solving"].wait(WAKE_S):
+        while not watch["solving"].wait(WAKE_S):
             pass
         given_up_at = INF if time_limit_s is None else time.perf_counter() + time_limit_s + overrun_grace(time_limit_s)
         while worker.is_alive() and time.perf_counter() < given_up_at:
             worker.join(max(0.0, min(WAKE_S, given_up_at - time.perf_counter())))
     except KeyboardInterrupt:  # Ctrl-C reaches Python (CP-SAT does not catch it here): the search ends
-        _stop(solver_box)
+        _stop(watch)
         raise
     if worker.is_alive():
-        _stop(solver_box)
+        _stop(watch)
         return BackendResult("timeout", None, None, None, time.perf_counter() - start,
                              f"CP-SAT passed its {time_limit_s:.3g} s limit by more than "
                              f"{overrun_grace(time_limit_s):.3g} s without stopping; given up")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    if "error" in watch:
+        raise watch["error"]
+    return watch["result"]
 
 
-def _stop(solver_box: dict) -> None:
-    if "solver" in solver_box:
-        solver_box["solver"].StopSearch()
+def _stop(watch: dict) -> None:
+    if "solver" in watch:
+        watch["solver"].StopSearch()
 
 
 def overrun_grace(time_limit_s: float) -> float:
@@ -108,8 +108,8 @@ def overrun_grace(time_limit_s: float) -> float:
     return max(OVERRUN_GRACE_S, 0.1 * time_limit_s)
 
 
-def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, solver_box: dict) -> BackendResult:
-    """One CP-SAT solve in the watched thread of `solve`: the solver goes in `solver_box` (to be stopped), and its
+def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, watch: dict) -> BackendResult:
+    """One CP-SAT solve in the watched thread of `solve`: the solver goes in `watch` (to be stopped), and its
     "solving" event is set when the model is built."""
     from ortools.sat.python import cp_model
 
@@ -139,7 +139,7 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, so
         model.Add(expr >= r) if sense == ">=" else model.Add(expr <= r) if sense == "<=" else model.Add(expr == r)
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in program.objective.items()))
     solver = cp_model.CpSolver()
-    solver_box["solver"] = solver
+    watch["solver"] = solver
     solver.parameters.catch_sigint_signal = False  # Ctrl-C is the watching caller's to handle
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = float(time_limit_s)
@@ -147,7 +147,7 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, so
     solver.parameters.random_seed = seed
     solver.parameters.relative_gap_limit = RELATIVE_GAP
     solver.parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
-    solver_box["solving"].set()
+    watch["solving"].set()
     code = solver.Solve(model)
     unit = program.time_unit_s / scale / program.objective_divisor
     constant = program.objective_constant * program.time_unit_s / program.objective_divisor
