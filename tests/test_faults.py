@@ -59,10 +59,14 @@ def test_cbc_failure_keeps_the_best_default_plan_and_says_so(monkeypatch, tmp_pa
             f.write("#!/bin/sh\nkill -9 $$\n")
         os.chmod(path, 0o755)
     _fake_cbc(monkeypatch, path)
+    system_tmp = tmp_path / "system-tmp"  # where PuLP would put its files (it reads TMPDIR)
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))
     instance = _small()
     result = solve(instance, solver="cbc")
     _assert_honest_plan(instance, result)
     assert "solver failure" in result.solver.note and "CBC failed" in result.solver.note
+    assert list(system_tmp.iterdir()) == []  # a failed CBC leaves no model file behind
 
 
 def test_cbc_failure_result_reaches_the_backend_contract(monkeypatch, tmp_path):

@@ -85,6 +85,9 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
         log_path = os.path.join(tmp, "cbc.log")
         solver = pulp.COIN_CMD(path=path, msg=False, timeLimit=time_limit_s, threads=threads, options=options,
                                gapRel=RELATIVE_GAP, gapAbs=ABSOLUTE_GAP, logPath=log_path)
+        # PuLP writes the model and solution files to the system's temporary folder and deletes them only after
+        # a run that returns: a failed or killed CBC left its .mps there (15 per test run). In ours they go with it.
+        solver.tmpDir = tmp
         try:
             lp.solve(solver)
         except (pulp.PulpSolverError, OSError) as exc:  # binary missing, not executable, killed without output
