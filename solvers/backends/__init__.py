@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the name of CP-SAT with CBC for the programs it does not close quickly (solvers/backends/portfolio.py)
+PORTFOLIO = "cpsat+cbc"
+
 
 @dataclass
 class BackendResult:
@@ -21,5 +24,14 @@ def available() -> dict[str, bool]:
 
 
 def get(name: str):
-    from solvers.backends import cbc, cpsat
-    return {"cbc": cbc, "cpsat": cpsat}[name]
+    from solvers.backends import cbc, cpsat, portfolio
+    return {"cbc": cbc, "cpsat": cpsat, PORTFOLIO: portfolio}[name]
+
+
+def automatic() -> str:
+    """The backend `auto` stands for: CP-SAT with CBC for the programs it does not close quickly
+    (solvers/backends/portfolio.py) when both are installed, else whichever is."""
+    have = available()
+    if have["cpsat"] and have["cbc"]:
+        return PORTFOLIO
+    return "cpsat" if have["cpsat"] else "cbc"

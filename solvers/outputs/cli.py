@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                              "proven global lower bound; baseline: Megatron-style defaults only, no bound. The report "
                              "says which ran")
     parser.add_argument("--backend", default=None, choices=BACKENDS,
-                        help="the solver of the programs: cbc, cpsat, or auto (default: CP-SAT, CBC without OR-Tools)")
+                        help="the solver of the programs: cbc, cpsat, or auto (default: CP-SAT, and CBC for an exact program "
+                             "CP-SAT has not closed in 5 s; the one installed if the other is not)")
     parser.add_argument("--solver", default=None, choices=list(SOLVER_ALIASES),
                         help="older spelling of a method and backend: auto, cbc / cpsat (method auto with that "
                              "backend), anneal, baseline")

@@ -56,7 +56,7 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
 
     start = time.perf_counter()
     goal = OBJECTIVES.get(objective)  # an unknown name is refused by compose_search
-    backend = solver if solver in ("cbc", "cpsat") else ("cpsat" if backends.available()["cpsat"] else "cbc")
+    backend = solver if solver in ("cbc", "cpsat") else backends.automatic()
     try:
         found = compose_search(instance, solver=backend, objective=objective,
                                required_tokens_per_s=required_tokens_per_s, time_limit_s=time_limit, threads=threads,
