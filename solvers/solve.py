@@ -49,8 +49,8 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     "bound-only" (default GPU maps with exactly solved layer partitions, annealed placements for the best
     configurations and the proven global lower bound), "anneal" (simulated annealing of the best default
     placements, with the global lower bound) or "baseline" (Megatron-style defaults, no bound).
-    backend: "cbc", "cpsat", or "auto" (CP-SAT, CBC when OR-Tools is missing; with method auto and no time
-    limit, each program also gets a per-program limit). solver: the older name for a (method, backend) pair.
+    backend: "cbc", "cpsat", or "auto" (CP-SAT, and CBC for an exact program CP-SAT has not closed in 5 s; the one
+    installed if the other is not; with method auto and no time limit, each program also gets a per-program limit). solver: the older name for a (method, backend) pair.
     anneal_moves: proposals per annealed configuration; None: the time left before `time_limit`, shared among
     them, with a clock-driven cooling schedule; -1 (default): None when a time limit is given (a budget is
     there to be used), else ANNEAL_MOVES (deterministic per seed).
@@ -58,11 +58,6 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     start = time.perf_counter()
     method, backend = strategy(solver, method, backend)
     automatic = method == "auto" and backend == "auto"
-    if backend == "auto":
-        # CP-SAT closes most programs several times faster than CBC (tests/test_exact.py instances: 2.6 s vs 14 s
-        # on the slowest), CBC the few where CP-SAT stalls (solvers/backends/portfolio.py); one when the other
-        # is missing
-        backend = backends.automatic()
     if method in ("auto", "exact") and (is_mixed(instance) or objective != "time"):
         return solve_composed(instance, solver=backend, time_limit=time_limit, threads=threads, seed=seed, top=top,
                               progress=progress, objective=objective, required_tokens_per_s=required_tokens_per_s)
@@ -80,10 +75,7 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     # search instead (solvers/local/partition.py), and annealing polishes the best placements: asking for a backend
     # never means waiting for a program that cannot finish. "anneal" anneals the default placements only.
     exact = tractable and method in ("auto", "exact")
-    if not exact and backend == backends.PORTFOLIO:
-        # the bound-only search solves only partition programs (one map's layer split): small, closed by CP-SAT or
-        # ended by their time box; it keeps the CP-SAT it was measured with
-        backend = "cpsat"
+    backend = _program_backend(backend, exact)
     moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES
     left = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))  # after setup
     found = search(instance, solver=backend, time_limit_s=left, threads=threads, seed=seed, top=max(1, top),
@@ -101,6 +93,17 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
                       alternatives=[(c.placement, c.estimate) for c in found.ranked[1:]],
                       examined=found.examined, fitting=len(found.ranked),
                       default=default.megatron if default else None, history=found.history)
+
+
+def _program_backend(backend: str, exact: bool) -> str:
+    """The backend the search's programs get. `auto`: CP-SAT, which closes most exact programs several times faster
+    than CBC (tests/test_exact.py instances: 2.6 s vs 14 s on the slowest), with CBC for those it has not closed
+    quickly (its heavy tail, solvers/backends/portfolio.py), or the one installed; the bound-only search solves only
+    partition programs (one map's layer split: small, closed by CP-SAT or ended by their time box) and keeps CP-SAT."""
+    if backend != "auto":
+        return backend
+    chosen = backends.automatic()
+    return "cpsat" if chosen == backends.PORTFOLIO and not exact else chosen
 
 
 def _baseline_plan(instance, top: int, progress, seed: int, start: float) -> PlanResult:
