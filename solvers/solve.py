@@ -50,7 +50,8 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     configurations and the proven global lower bound), "anneal" (simulated annealing of the best default
     placements, with the global lower bound) or "baseline" (Megatron-style defaults, no bound).
     backend: "cbc", "cpsat", or "auto" (CP-SAT, and CBC for an exact program CP-SAT has not closed in 5 s; the one
-    installed if the other is not; with method auto and no time limit, each program also gets a per-program limit). solver: the older name for a (method, backend) pair.
+    installed if the other is not; with method auto and no time limit, each program also gets a per-program
+    limit). solver: the older name for a (method, backend) pair.
     anneal_moves: proposals per annealed configuration; None: the time left before `time_limit`, shared among
     them, with a clock-driven cooling schedule; -1 (default): None when a time limit is given (a budget is
     there to be used), else ANNEAL_MOVES (deterministic per seed).

@@ -28,6 +28,7 @@ from formulation.inputs.ingest import summarize
 from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
 from formulation.placement import load_placement
 from solvers import solve
+from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables, tie_note
@@ -65,8 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                              "proven global lower bound; baseline: Megatron-style defaults only, no bound. The report "
                              "says which ran")
     parser.add_argument("--backend", default=None, choices=BACKENDS,
-                        help="the solver of the programs: cbc, cpsat, or auto (default: CP-SAT, and CBC for an exact program "
-                             "CP-SAT has not closed in 5 s; the one installed if the other is not)")
+                        help=f"the solver of the programs: cbc, cpsat, or auto (default: CP-SAT, and CBC for an exact "
+                             f"program CP-SAT has not closed in {portfolio.FIRST_TRY_S:g} s; the one installed if the "
+                             f"other is not)")
     parser.add_argument("--solver", default=None, choices=list(SOLVER_ALIASES),
                         help="older spelling of a method and backend: auto, cbc / cpsat (method auto with that "
                              "backend), anneal, baseline")
