@@ -104,6 +104,17 @@ def h100():
 
 
 @pytest.fixture(scope="session")
+def h100_cli_run(tmp_path_factory) -> Path:
+    """`solve --instance instances/h100_128.json --output-dir DIR --output DIR/cli_plan.json`, run once for the
+    whole run (17 s): the plan-file tests (test_h100_128.py) and the launch-file tests (test_export.py) read it."""
+    out = tmp_path_factory.mktemp("h100_cli")
+    result = run_solve("--instance", H100_128, "--output-dir", out, "--output", out / "cli_plan.json", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
 def plan(h100):
     """`solve` of h100_128 (a few seconds), shared by the export and picture tests."""
     from solvers import solve

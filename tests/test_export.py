@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from conftest import H100_128, REPO, build_instance, run_solve, small_instance_dict
+from conftest import REPO, build_instance, small_instance_dict
 from formulation import default_placement, evaluate
 from solvers.outputs.export import export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout
 from solvers.outputs.torchtitan import runnable_zero_stages, torchtitan_run, torchtitan_toml
@@ -300,11 +300,9 @@ def test_runnable_zero_stages(h100, plan, tp, pp, cp, dp, release, expected):
 # ---- the written files, end to end ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def output_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("launch")
-    result = run_solve("--instance", H100_128, "--output-dir", out, "--quiet")
-    assert result.returncode == 0, result.stderr
-    return out
+def output_dir(h100_cli_run):
+    """What `solve --instance instances/h100_128.json --output-dir ...` wrote (conftest.py: run once)."""
+    return h100_cli_run
 
 
 def test_solve_output_dir_writes_every_file(output_dir, plan, h100):

@@ -22,13 +22,9 @@ def instance():
 
 
 @pytest.fixture(scope="module")
-def plan_path(tmp_path_factory):
-    """`solve --instance instances/h100_128.json --output plan.json`, run once for the module."""
-    path = tmp_path_factory.mktemp("plan") / "plan.json"
-    result = run_solve("--instance", H100_128, "--output", path, "--quiet")
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    return path
+def plan_path(h100_cli_run):
+    """The plan `solve --instance instances/h100_128.json --output ...` wrote (conftest.py: run once)."""
+    return h100_cli_run / "cli_plan.json"
 
 
 def test_instance_is_the_documented_cluster(instance):
