@@ -47,7 +47,7 @@ def test_a_program_cp_sat_leaves_open_goes_to_cbc_for_the_rest_of_its_limit(monk
     out = portfolio.solve(market_split(rows=1, cols=8, seed=3), time_limit_s=30.0)
     assert out.status == "optimal" and out.bound_s == out.objective_s  # CBC's proof
     assert calls[0] == ("cpsat", portfolio.FIRST_TRY_S)
-    assert calls[1][0] == "cbc" and 29.0 < calls[1][1] < 30.0 - 0.2  # what CP-SAT left of the 30 s
+    assert calls[1][0] == "cbc" and 20.0 < calls[1][1] <= 30.0 - 0.2  # what CP-SAT left of the 30 s
     assert "CP-SAT timeout" in out.message and "CBC optimal" in out.message
 
 
