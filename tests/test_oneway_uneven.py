@@ -184,6 +184,20 @@ class TestOneWayUnevenAgainstBruteForce:
         assert result.estimate.iteration_time_s == pytest.approx(min(best.values()), rel=1e-6)
 
 
+@pytest.mark.parametrize("seed", [2, 4])
+def test_top_k_are_the_k_best_configurations(seed):
+    """`solve --top 3` (the default backend): each plan is the optimum of its configuration, and proven, they are
+    the three best configurations' optima (ties may swap which configuration of equal time is listed)."""
+    instance, best = optima(seed, False)
+    by_key = {config.config_key(): value for config, value in best.items()}
+    result = solve(instance, top=3, time_limit=120)
+    assert result.solver.status == "optimal", result.solver
+    plans = [(result.placement, result.estimate)] + list(result.alternatives)
+    for placement, estimate in plans:
+        assert estimate.iteration_time_s == pytest.approx(by_key[placement.config_key()], rel=1e-6)
+    assert [e.iteration_time_s for _, e in plans] == pytest.approx(sorted(by_key.values())[:3], rel=1e-6)
+
+
 @pytest.mark.parametrize("seed,wide", [(s, False) for s in SEEDS] + [pytest.param(s, True, marks=pytest.mark.slow)
                                                                       for s in WIDE_SEEDS])
 def test_bounds_never_exceed_the_brute_force_optimum(seed, wide):
