@@ -99,6 +99,23 @@ def test_search_refuses_an_optimum_the_evaluator_does_not_confirm(monkeypatch):
     assert result.estimate.fits
 
 
+@needs_cbc
+def test_cbc_that_ignores_its_time_limit_is_given_up_as_a_timeout(monkeypatch, tmp_path):
+    """A CBC that does not stop at its limit (here a stand-in that sleeps 30 s) is killed at the limit plus the
+    grace: a timeout without values, in a second or two instead of 30. PuLP alone waits for it."""
+    import os
+    import time
+    hung = tmp_path / "cbc"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    os.chmod(hung, 0o755)
+    monkeypatch.setattr(cbc, "cbc_path", lambda: str(hung))
+    started = time.perf_counter()
+    out = cbc.solve(market_split(rows=1, cols=4), time_limit_s=0.3)
+    assert time.perf_counter() - started < 10.0
+    assert out.status == "timeout" and out.values is None and out.bound_s is None
+    assert "given up" in out.message
+
+
 needs_cpsat = pytest.mark.skipif(not AVAILABLE["cpsat"], reason="OR-Tools not installed")
 
 

@@ -6,6 +6,13 @@ from dataclasses import dataclass
 
 # the name of CP-SAT with CBC for the programs it does not close quickly (solvers/backends/portfolio.py)
 PORTFOLIO = "cpsat+cbc"
+# a solve still running this long after its time limit is given up (CP-SAT's watched thread, CBC's guard)
+OVERRUN_GRACE_S = 0.5
+
+
+def overrun_grace(time_limit_s: float) -> float:
+    """How far past its limit a solve may go before it is given up: OVERRUN_GRACE_S, or a tenth of a long limit."""
+    return max(OVERRUN_GRACE_S, 0.1 * time_limit_s)
 
 
 @dataclass

@@ -4,18 +4,28 @@
 A proof only from CBC's own word: the run's log must end in "Result - Optimal solution found". PuLP maps a
 run stopped at its time limit with an incumbent to status "Optimal" (its solution status tells them apart,
 but only the log carries CBC's bound), so the log is read for the status and the bound alike.
+
+With a time limit CBC is started through a guard (`_guard`): CBC checks its own limit (`-sec`) during branch and
+bound, not in every step, and PuLP waits for it without one; a run still going at the limit plus the overrun grace
+is killed and reported as a timeout without values, as CP-SAT's are (a time limit is a promise; CBC is also the
+second leg of the `auto` backend, solvers/backends/portfolio.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 
-from solvers.backends import BackendResult
+from solvers.backends import BackendResult, overrun_grace
 
+# CBC is killed this long after its limit at the least (the shared grace is 0.5 s): a run that stops at its limit
+# still writes its solution and exits, on a loaded machine too, and a run killed loses its incumbent
+MIN_GRACE_S = 2.0
 # CBC stops when the incumbent is within these of its bound; the program's objective is in microseconds times
 # the schedule's divisor, so an absolute allowance of 0 and a relative one of 1e-9 prove the optimum itself.
 RELATIVE_GAP = 1e-9
@@ -83,20 +93,49 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
     options = [f"randomSeed {seed % (2 ** 31 - 1) + 1}", "randomCbcSeed 1"]
     with tempfile.TemporaryDirectory(prefix="cbc-") as tmp:
         log_path = os.path.join(tmp, "cbc.log")
-        solver = pulp.COIN_CMD(path=path, msg=False, timeLimit=time_limit_s, threads=threads, options=options,
-                               gapRel=RELATIVE_GAP, gapAbs=ABSOLUTE_GAP, logPath=log_path)
+        grace = None if time_limit_s is None else max(MIN_GRACE_S, overrun_grace(time_limit_s))
+        wait_s = None if time_limit_s is None else time_limit_s + grace
+        solver = pulp.COIN_CMD(path=_guard(path, wait_s, tmp), msg=False, timeLimit=time_limit_s, threads=threads,
+                               options=options, gapRel=RELATIVE_GAP, gapAbs=ABSOLUTE_GAP, logPath=log_path)
         # PuLP writes the model and solution files to the system's temporary folder and deletes them only after
         # a run that returns: a failed or killed CBC left its .mps there (15 per test run). In ours they go with it.
         solver.tmpDir = tmp
         try:
             lp.solve(solver)
         except (pulp.PulpSolverError, OSError) as exc:  # binary missing, not executable, killed without output
+            if os.path.exists(os.path.join(tmp, GIVEN_UP)):
+                return BackendResult("timeout", None, None, None, time.perf_counter() - start,
+                                     f"CBC passed its {time_limit_s:.3g} s limit by more than {grace:.3g} s "
+                                     f"without stopping; given up")
             text = str(exc).strip()
             return BackendResult("error", None, None, None, time.perf_counter() - start,
                                  f"CBC failed: {text.splitlines()[0] if text else type(exc).__name__}")
         with open(log_path, errors="replace") as handle:
             report = read_log(handle.read())
     return _result(program, lp, xs, report, time.perf_counter() - start)
+
+
+GIVEN_UP = "given-up"  # the guard leaves this file in the run's folder when it killed CBC
+
+
+def _guard(path: str, wait_s: float | None, folder: str) -> str:
+    """The executable PuLP starts: CBC itself without a time limit (or on Windows), else a launcher in the run's
+    folder that kills CBC after `wait_s` and leaves GIVEN_UP there (exit 124, which PuLP reports as a failure)."""
+    if wait_s is None or os.name == "nt":
+        return path
+    script = os.path.join(folder, "guard.py")
+    with open(script, "w") as handle:
+        handle.write(f"import subprocess, sys\n"
+                     f"try:\n"
+                     f"    sys.exit(subprocess.run([{path!r}] + sys.argv[1:], timeout={wait_s!r}).returncode)\n"
+                     f"except subprocess.TimeoutExpired:\n"
+                     f"    open({os.path.join(folder, GIVEN_UP)!r}, 'w').close()\n"
+                     f"    sys.exit(124)\n")
+    launcher = os.path.join(folder, "cbc-guarded")
+    with open(launcher, "w") as handle:  # a short shebang: the interpreter's own path may be long
+        handle.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(script)} \"$@\"\n")
+    os.chmod(launcher, 0o755)
+    return launcher
 
 
 def _result(program, lp, xs, report: dict, wall_time_s: float) -> BackendResult:

@@ -16,15 +16,13 @@ import math
 import threading
 import time
 
-from solvers.backends import BackendResult
+from solvers.backends import BackendResult, overrun_grace
 
 MAX_SCALED_CONSTANT = 1e9
 INF = float("inf")
 # Stop once the incumbent is proven within this fraction of the bound (the exact program itself is
 # exact; this only ends the proof at a resolution far below any difference between plans).
 RELATIVE_GAP = 1e-8
-# a run still going this long after its time limit is given up (see `solve`)
-OVERRUN_GRACE_S = 0.5
 # the caller wakes this often while CP-SAT runs: Python raises KeyboardInterrupt in the main thread when it next
 # runs bytecode, and a Ctrl-C signal that the kernel hands to another thread does not wake a blocked join
 WAKE_S = 0.05
@@ -100,12 +98,6 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
 def _stop(watch: dict) -> None:
     if "solver" in watch:
         watch["solver"].StopSearch()
-
-
-def overrun_grace(time_limit_s: float) -> float:
-    """How far past its limit a CP-SAT solve may go before it is given up: OVERRUN_GRACE_S, or a tenth of a
-    long limit."""
-    return max(OVERRUN_GRACE_S, 0.1 * time_limit_s)
 
 
 def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, watch: dict) -> BackendResult:
