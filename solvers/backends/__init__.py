@@ -15,6 +15,12 @@ def overrun_grace(time_limit_s: float) -> float:
     return max(OVERRUN_GRACE_S, 0.1 * time_limit_s)
 
 
+def given_up(solver: str, time_limit_s: float, grace_s: float, wall_time_s: float) -> BackendResult:
+    """A run still going `grace_s` after its limit, given up: a timeout without values, so no claim rests on it."""
+    return BackendResult("timeout", None, None, None, wall_time_s, f"{solver} passed its {time_limit_s:.3g} s limit "
+                         f"by more than {grace_s:.3g} s without stopping; given up")
+
+
 @dataclass
 class BackendResult:
     status: str  # "optimal", "feasible", "infeasible", "timeout" (no solution within the limit), "error"

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from solvers.backends import BackendResult, overrun_grace
+from solvers.backends import BackendResult, given_up, overrun_grace
 
 # CBC is killed this long after its limit at the least (the shared grace is 0.5 s): a run that stops at its limit
 # still writes its solution and exits, on a loaded machine too, and a run killed loses its incumbent
@@ -104,9 +104,7 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
             lp.solve(solver)
         except (pulp.PulpSolverError, OSError) as exc:  # binary missing, not executable, killed without output
             if os.path.exists(os.path.join(tmp, GIVEN_UP)):
-                return BackendResult("timeout", None, None, None, time.perf_counter() - start,
-                                     f"CBC passed its {time_limit_s:.3g} s limit by more than {grace:.3g} s "
-                                     f"without stopping; given up")
+                return given_up("CBC", time_limit_s, grace, time.perf_counter() - start)
             text = str(exc).strip()
             return BackendResult("error", None, None, None, time.perf_counter() - start,
                                  f"CBC failed: {text.splitlines()[0] if text else type(exc).__name__}")

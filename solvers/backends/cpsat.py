@@ -16,7 +16,7 @@ import math
 import threading
 import time
 
-from solvers.backends import BackendResult, overrun_grace
+from solvers.backends import BackendResult, given_up, overrun_grace
 
 MAX_SCALED_CONSTANT = 1e9
 INF = float("inf")
@@ -87,9 +87,7 @@ def solve(program, time_limit_s: float | None = None, threads: int = 1, seed: in
         raise
     if worker.is_alive():
         _stop(watch)
-        return BackendResult("timeout", None, None, None, time.perf_counter() - start,
-                             f"CP-SAT passed its {time_limit_s:.3g} s limit by more than "
-                             f"{overrun_grace(time_limit_s):.3g} s without stopping; given up")
+        return given_up("CP-SAT", time_limit_s, overrun_grace(time_limit_s), time.perf_counter() - start)
     if "error" in watch:
         raise watch["error"]
     return watch["result"]
