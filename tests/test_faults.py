@@ -184,10 +184,17 @@ def test_interrupt_after_plans_exist_returns_the_best_so_far(monkeypatch, tmp_pa
     assert "interrupted" in plan["solver"]["note"]
 
 
+def _as_from_a_terminal() -> None:
+    """A suite started in the background (`pytest &`, nohup, some CI runners) passes SIGINT on as ignored, and
+    Python then installs no KeyboardInterrupt handler: the child would run to the end (30 s) and test nothing.
+    A user's Ctrl-C reaches a `solve` started from a terminal with the default disposition; so does this one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_after(seconds: float, output):
     proc = subprocess.Popen([sys.executable, "-m", "solvers.outputs.cli", "--instance", str(H100_1024), "--quiet",
                              "--output", str(output)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_as_from_a_terminal)
     time.sleep(seconds)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
