@@ -11,10 +11,39 @@ from pathlib import Path
 import pytest
 
 from formulation import instance_from_dict
+from solvers import backends
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 H100_128 = REPO / "instances" / "h100_128.json"
+
+AVAILABLE_BACKENDS = backends.available()
+
+
+def _installed(name: str):
+    return pytest.mark.skipif(not AVAILABLE_BACKENDS[name], reason=f"{name} not installed")
+
+
+# every backend as a test parameter, skipped only where it is not installed
+ALL_BACKENDS = [pytest.param(name, marks=_installed(name)) for name in AVAILABLE_BACKENDS]
+
+
+def seeds_by_backend(seeds, slow_seeds=()) -> list:
+    """(seed, backend) parameters of a brute-force family: every pair runs with the slow checks; the quick suite
+    checks every seed against brute force with one backend, taken in turn (the seed's position modulo the number
+    of backends), so that each backend meets its share of the seeds there and the pair count, not the seed count,
+    is what halves. A seed in `slow_seeds` runs with the slow checks only. A backend is skipped only where it is
+    not installed."""
+    names = list(AVAILABLE_BACKENDS)
+    params = []
+    for position, seed in enumerate(seeds):
+        for k, name in enumerate(names):
+            marks = [_installed(name)]
+            if seed in slow_seeds or k != position % len(names):
+                marks.append(pytest.mark.slow)
+            params.append(pytest.param(seed, name, marks=marks, id=f"{seed}-{name}"))
+    return params
+
 
 SMALL_MODEL = {
     "name": "tiny-llama",
@@ -104,21 +133,45 @@ def h100():
 
 
 @pytest.fixture(scope="session")
-def h100_cli_run(tmp_path_factory) -> Path:
-    """`solve --instance instances/h100_128.json --output-dir DIR --output DIR/cli_plan.json`, run once for the
-    whole run (17 s): the plan-file tests (test_h100_128.py) and the launch-file tests (test_export.py) read it."""
+def _h100_cli_solve(tmp_path_factory) -> tuple[Path, object]:
+    """`solve --instance instances/h100_128.json --output-dir DIR --output DIR/cli_plan.json --quiet` through the
+    CLI's entry point, in this process, once for the whole run (15 s): what it wrote, and the result it wrote it
+    from. One solve serves the plan-file tests, the launch-file tests and every test of the solved plan (they
+    were two solves of the same instance). The console-script process itself runs in .ci/run's smoke step and
+    in test_malformed_inputs (the process answers as the in-process CLI does)."""
+    from solvers.outputs import cli
     out = tmp_path_factory.mktemp("h100_cli")
-    result = run_solve("--instance", H100_128, "--output-dir", out, "--output", out / "cli_plan.json", "--quiet")
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    return out
+    results = []
+
+    real_solve = cli.solve
+
+    def recording(*args, **kwargs):
+        results.append(real_solve(*args, **kwargs))
+        return results[-1]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(cli, "solve", recording)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["--instance", str(H100_128), "--output-dir", str(out), "--output", str(out / "cli_plan.json"),
+                      "--quiet"])
+    finally:
+        patch.undo()
+    assert stop.value.code == 0
+    assert len(results) == 1
+    return out, results[0]
 
 
 @pytest.fixture(scope="session")
-def plan(h100):
-    """`solve` of h100_128 (a few seconds), shared by the export and picture tests."""
-    from solvers import solve
-    return solve(h100)
+def h100_cli_run(_h100_cli_solve) -> Path:
+    """The folder the CLI wrote h100_128's plan and launch files to (cli_plan.json among them)."""
+    return _h100_cli_solve[0]
+
+
+@pytest.fixture(scope="session")
+def plan(_h100_cli_solve):
+    """The solved plan of h100_128 behind those files, shared by the export, picture and framework tests."""
+    return _h100_cli_solve[1]
 
 
 class JumpingClock:

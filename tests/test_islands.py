@@ -21,7 +21,7 @@ from solvers import backends, solve
 from solvers.search.mixed import compose_search, configurations
 from solvers.search.objectives import objective_value
 
-from conftest import REPO, JumpingClock
+from conftest import REPO, JumpingClock, seeds_by_backend
 
 AVAILABLE = backends.available()
 BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
@@ -109,8 +109,7 @@ def test_a_slow_nic_node_is_an_island_of_its_own():
             assert len(values) <= 1
 
 
-@pytest.mark.parametrize("solver", BACKENDS)
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed,solver", seeds_by_backend(range(8)))
 def test_composition_equals_brute_force_and_evaluator(seed, solver):
     instance = instance_from_dict(mixed_dict(seed), "<test>", REPO)
     islands = find_islands(instance.cluster)

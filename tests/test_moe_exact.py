@@ -16,6 +16,7 @@ import random
 
 import numpy as np
 import pytest
+from conftest import seeds_by_backend
 from test_bounds import brute_force_optimum
 from test_oneway_uneven import bounds_below_brute_force, maps, programs_match_brute_force
 
@@ -276,9 +277,7 @@ MIXED_SEEDS = list(range(16))
 MIXED_QUICK = [0, 3]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("seed", [s if s in MIXED_QUICK else pytest.param(s, marks=pytest.mark.slow)
-                                  for s in MIXED_SEEDS])
+@pytest.mark.parametrize("seed,backend", seeds_by_backend(MIXED_SEEDS, slow_seeds=set(MIXED_SEEDS) - set(MIXED_QUICK)))
 def test_mixed_kinds_program_optimum_is_brute_force(backend, seed):
     """Every configuration of a model with dense and MoE layers: the program's optimum is the brute-force minimum
     over every partition and map, and its objective the evaluator's time of the decoded placement (P2b, P8b)."""

@@ -1,5 +1,6 @@
 """Brute force against the exact program, the search and the bounds on clusters with one-way links and uneven
-nodes, with every backend (one parametrized class; a backend is skipped only where it is not installed).
+nodes, with every backend (one class, each test parametrized by backend; a backend is skipped only where it is
+not installed; the quick suite runs the search of each seed with one backend in turn, conftest.seeds_by_backend).
 
 Instances: up to 4 GPUs on 1-3 nodes of uneven size with a one-way GPU matrix (every GPU its own class:
 the brute force tries every rank-to-GPU permutation), or 6 GPUs on 2-3 uneven nodes with one intra-node
@@ -17,6 +18,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from conftest import ALL_BACKENDS, seeds_by_backend
 from test_bounds import brute_force_optimum
 
 from formulation import InputError, default_placement, evaluate, instance_from_dict
@@ -25,9 +27,7 @@ from formulation.space import configurations
 from solvers import backends, solve
 from solvers.bounds.configs import cut_bound, fast_bound
 
-AVAILABLE = backends.available()
-BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
-            for name, ok in AVAILABLE.items()]
+BACKENDS = ALL_BACKENDS
 SMALL_SHAPES = [(4,), (3, 1), (2, 2), (2, 1, 1), (1, 1, 1), (2, 1)]
 WIDE_SHAPES = [(4, 2), (2, 4), (3, 2, 1), (2, 1, 3), (3, 3)]
 
@@ -156,9 +156,8 @@ def programs_match_brute_force(instance, best: dict, backend: str, configs=None)
     return checked
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 class TestOneWayUnevenAgainstBruteForce:
-    @pytest.mark.parametrize("seed", SEEDS)
+    @pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS))
     def test_search_finds_the_brute_force_minimum(self, backend, seed):
         instance, best = optima(seed, False)
         expected = min(best.values())
@@ -170,11 +169,13 @@ class TestOneWayUnevenAgainstBruteForce:
 
     # every configuration's program against brute force: with the slow checks (CP-SAT took 33 s on seed 0 alone,
     # a heavy-tailed single solve); the quick suite keeps the search = brute force on all 12 seeds above
+    @pytest.mark.parametrize("backend", BACKENDS)
     @pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.slow) for s in SEEDS[:6]])
     def test_program_optimum_of_every_configuration(self, backend, seed):
         assert check_program_per_configuration(backend, seed, False) >= 2
 
     @pytest.mark.slow
+    @pytest.mark.parametrize("backend", BACKENDS)
     @pytest.mark.parametrize("seed", WIDE_SEEDS)
     def test_wide_uneven_nodes_program_and_search(self, backend, seed):
         instance, best = optima(seed, True)
