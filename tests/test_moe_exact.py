@@ -277,7 +277,8 @@ MIXED_SEEDS = list(range(16))
 MIXED_QUICK = [0, 3]
 
 
-@pytest.mark.parametrize("seed,backend", seeds_by_backend(MIXED_SEEDS, slow_seeds=set(MIXED_SEEDS) - set(MIXED_QUICK)))
+@pytest.mark.parametrize("seed,backend",
+                         seeds_by_backend(MIXED_SEEDS, slow_seeds=set(MIXED_SEEDS) - set(MIXED_QUICK)))
 def test_mixed_kinds_program_optimum_is_brute_force(backend, seed):
     """Every configuration of a model with dense and MoE layers: the program's optimum is the brute-force minimum
     over every partition and map, and its objective the evaluator's time of the decoded placement (P2b, P8b)."""
