@@ -8,6 +8,7 @@ import copy
 import math
 
 import pytest
+from conftest import ALL_BACKENDS
 from test_bounds import brute_force_optimum
 from test_moe_exact import moe_exact_instance
 from test_oneway_uneven import bounds_below_brute_force, maps, programs_match_brute_force
@@ -17,14 +18,11 @@ from formulation.data import REFERENCE_DIR
 from formulation.physics import moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.space import configurations
-from solvers import backends
 from solvers.outputs.export import moe_arguments
 from solvers.validation import crossval
 from solvers.validation.runs import load_runs
 
-AVAILABLE = backends.available()
-BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
-            for name, ok in AVAILABLE.items()]
+BACKENDS = ALL_BACKENDS
 INF = float("inf")
 
 

@@ -21,11 +21,9 @@ from solvers import backends, solve
 from solvers.search.mixed import compose_search, configurations
 from solvers.search.objectives import objective_value
 
-from conftest import REPO, JumpingClock, seeds_by_backend
+from conftest import ALL_BACKENDS, REPO, JumpingClock, seeds_by_backend
 
-AVAILABLE = backends.available()
-BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
-            for name, ok in AVAILABLE.items()]
+BACKENDS = ALL_BACKENDS
 
 
 def mixed_dict(seed: int) -> dict:

@@ -16,7 +16,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import seeds_by_backend
+from conftest import ALL_BACKENDS, seeds_by_backend
 from test_bounds import brute_force_optimum
 from test_oneway_uneven import bounds_below_brute_force, maps, programs_match_brute_force
 
@@ -27,9 +27,7 @@ from formulation.space import configurations, placement_for
 from solvers import backends, solve
 from solvers.bounds.configs import lower_bound
 
-AVAILABLE = backends.available()
-BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
-            for name, ok in AVAILABLE.items()]
+BACKENDS = ALL_BACKENDS
 TIME_LIMIT_S = 120
 
 

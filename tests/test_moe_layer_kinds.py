@@ -15,7 +15,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import build_instance, small_instance_dict
+from conftest import ALL_BACKENDS, build_instance, small_instance_dict
 from test_bounds import splits
 
 from formulation import evaluate
@@ -25,15 +25,12 @@ from formulation.physics.layer_kinds import LayerMix
 from formulation.physics.stage import stage_constants
 from formulation.placement import default_placement
 from formulation.space import configurations, layer_capacity, memory_feasible, placement_for
-from solvers import backends
 from solvers.local.fast_score import FastScorer
 from solvers.local.partition import best_partition
 from solvers.outputs.export import parse_pipeline_layout, pipeline_layout
 
 GIB = float(1 << 30)
-AVAILABLE = backends.available()
-BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
-            for name, ok in AVAILABLE.items()]
+BACKENDS = ALL_BACKENDS
 DEEPSEEK_STYLE = {"name": "tiny-deepseek", "num_hidden_layers": 8, "hidden_size": 512, "intermediate_size": 4096,
                   "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 4000, "hidden_act": "silu",
                   "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,

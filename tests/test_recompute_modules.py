@@ -11,6 +11,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from conftest import ALL_BACKENDS
 from test_moe_exact import moe_exact_instance
 from test_bounds import brute_force_optimum
 from test_oneway_uneven import bounds_below_brute_force, maps, programs_match_brute_force
@@ -22,13 +23,10 @@ from formulation.physics.memory import memory_coefficients
 from formulation.physics.stage import stage_constants
 from formulation.placement import Placement
 from formulation.space import configurations
-from solvers import backends
 from solvers.outputs.export import megatron_args_script, megatron_arguments
 from solvers.validation.runs import load_runs
 
-AVAILABLE = backends.available()
-BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(not ok, reason=f"{name} not installed"))
-            for name, ok in AVAILABLE.items()]
+BACKENDS = ALL_BACKENDS
 
 MIXTRAL_TINY = {"name": "tiny-mixtral", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
                 "num_key_value_heads": 8, "vocab_size": 4000, "hidden_act": "silu", "intermediate_size": 1024,
