@@ -142,21 +142,16 @@ def _h100_cli_solve(tmp_path_factory) -> tuple[Path, object]:
     from solvers.outputs import cli
     out = tmp_path_factory.mktemp("h100_cli")
     results = []
-
     real_solve = cli.solve
 
     def recording(*args, **kwargs):
         results.append(real_solve(*args, **kwargs))
         return results[-1]
 
-    patch = pytest.MonkeyPatch()
-    patch.setattr(cli, "solve", recording)
-    try:
-        with pytest.raises(SystemExit) as stop:
-            cli.main(["--instance", str(H100_128), "--output-dir", str(out), "--output", str(out / "cli_plan.json"),
-                      "--quiet"])
-    finally:
-        patch.undo()
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as stop:
+        patch.setattr(cli, "solve", recording)
+        cli.main(["--instance", str(H100_128), "--output-dir", str(out), "--output", str(out / "cli_plan.json"),
+                  "--quiet"])
     assert stop.value.code == 0
     assert len(results) == 1
     return out, results[0]

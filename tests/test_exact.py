@@ -13,7 +13,7 @@ import itertools
 import random
 
 import pytest
-from conftest import seeds_by_backend
+from conftest import AVAILABLE_BACKENDS, seeds_by_backend
 
 from formulation import InfeasibleError, InputError, evaluate, instance_from_dict
 from formulation.placement import Placement, check_placement
@@ -22,7 +22,6 @@ from solvers.search.uniform import lower_bound
 from formulation.programs.exact import build_program
 from formulation.space import configurations
 
-AVAILABLE = backends.available()
 TIME_LIMIT_S = 120  # a safety net: every instance here is proven in seconds; a hit shows as status "timeout"
 
 
@@ -170,7 +169,7 @@ def programs_match_evaluator(instance, backend: str, every: int = 1) -> int:
     return checked
 
 
-@pytest.mark.skipif(not AVAILABLE.get("cpsat"), reason="OR-Tools not installed")
+@pytest.mark.skipif(not AVAILABLE_BACKENDS.get("cpsat"), reason="OR-Tools not installed")
 def test_a_time_limit_holds_through_a_cp_sat_stall():
     """Seed 6 holds a program CP-SAT takes about 20 s on whatever its limit (HEAVY_TAILED_SEEDS): with a 3 s
     limit the search gives that solve up and returns the plan so far in about 3.5 s, not after the stall, with a
