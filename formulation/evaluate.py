@@ -11,7 +11,7 @@ import numpy as np
 
 from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
-from formulation.intervals import prediction_interval
+from formulation.intervals import POOLED, interval_basis, interval_group, prediction_interval
 from formulation.placement import Placement, check_placement
 from formulation.physics.stage import dp_sync as stage_dp_sync
 from formulation.physics.stage import (BlockConstants, iteration_time, layer_time, mixed_constants, mixed_passes,
@@ -53,6 +53,7 @@ class Estimate:
     num_micro_batches: int
     critical_stage: int
     p2p_boundary_s: tuple[float, ...] = ()  # one send between stage j and j + 1 (slowest pair), j = 0..pp-2
+    interval_group: str = POOLED  # whose cross-source residuals give the interval (formulation/intervals.py)
 
     @property
     def memory_shortfall_gib(self) -> float:
@@ -75,12 +76,13 @@ class Estimate:
                 "num_micro_batches": self.num_micro_batches, "critical_stage": self.critical_stage,
                 "p2p_boundary_s": list(self.p2p_boundary_s),
                 "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages,
-                "iteration_time_interval_s": self.iteration_time_interval_s}
+                "iteration_time_interval_s": self.iteration_time_interval_s,
+                "iteration_time_interval_basis": interval_basis(self.interval_group)}
 
     @property
     def iteration_time_interval_s(self) -> list[float] | None:
         """p10-p90 of what such a run measures, from the cross-source residuals (formulation/intervals.py)."""
-        interval = prediction_interval(self.iteration_time_s)
+        interval = prediction_interval(self.iteration_time_s, self.interval_group)
         return list(interval) if interval else None
 
 
@@ -334,4 +336,5 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         model_tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu / float(peaks.mean()), breakdown=breakdown,
         stages=tuple(stages), peak_memory_gib=max(s.memory.total_gib for s in stages),
         fits=all(s.memory.fits for s in stages), num_micro_batches=m, critical_stage=k,
-        p2p_boundary_s=tuple(boundaries))
+        p2p_boundary_s=tuple(boundaries),
+        interval_group=interval_group(job, cluster.gpu_types[crit.gpu_type]))

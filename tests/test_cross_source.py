@@ -105,10 +105,18 @@ def test_the_overhead_term_off_holds_it_at_zero(monkeypatch):
 @pytest.mark.slow
 def test_leave_one_source_out_meets_the_fidelity_criteria():
     """The fidelity criteria on the visible data (about 20 s): pooled median |error| <= 10%, no source with a
-    median signed error beyond 10%, FP8 rows <= 8%, measured peak memory <= 10%, every visible FP8 row scored."""
+    median signed error beyond 10%, FP8 rows <= 8%, measured peak memory <= 10%, every visible FP8 row scored.
+    And the p10-p90 interval per precision, derived without each source: at most 20% of either group's runs
+    beyond either end (10% is nominal); one pooled band leaves more than 20% of the FP8 runs slower than its
+    slow end, which is why the bands are per precision (formulation/intervals.py)."""
     summary = crossval.summarize(crossval.cross_validate(crossval.reference_runs()))
     assert summary["pooled"]["median_abs_error"] <= 0.10
     assert all(abs(s["median_error"]) <= 0.10 for s in summary["sources"].values()), summary["sources"]
     assert summary["fp8"]["runs"] >= 38 and summary["fp8"]["median_abs_error"] <= 0.08
     assert summary["memory"]["median_abs_error"] <= 0.10
     assert not any(o["predicted_to_fit"] for o in summary["measured_oom"])
+    coverage = summary["interval_coverage"]
+    assert set(coverage["by_precision"]) == {"fp8", "16-bit"}
+    for group in coverage["by_precision"].values():
+        assert group["faster_than_p10"] <= 0.2 and group["slower_than_p90"] <= 0.2, coverage
+    assert coverage["pooled"]["fp8"]["slower_than_p90"] > 0.2, coverage

@@ -13,7 +13,7 @@ from rich.table import Table
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
 from formulation.inputs.gpus import gpu_catalog
-from formulation.intervals import intervals_overlap
+from formulation.intervals import interval_basis, intervals_overlap
 from formulation.placement import Placement
 
 
@@ -104,9 +104,10 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head.add_row("software stack", stack_note(instance.training))
     head.add_row("micro-batches per iteration", str(e.num_micro_batches))
     interval = e.iteration_time_interval_s
+    basis = {"fp8": "FP8 runs", "16-bit": "16-bit runs"}.get(interval_basis(e.interval_group), "runs")
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s" + (
-        f" (p10-p90 {interval[0]:.3f}-{interval[1]:.3f} s across published runs of other sources)" if interval
-        else ""))
+        f" (p10-p90 {interval[0]:.3f}-{interval[1]:.3f} s, from the model's errors on other sources' published "
+        f"{basis})" if interval else ""))
     head.add_row("throughput", f"{e.tokens_per_s:,.0f} tokens/s")
     head.add_row("model TFLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} (Megatron-LM FLOP count)")
     head.add_row("MFU", f"{100 * e.mfu:.1f} %" + _mfu_note(instance, e))

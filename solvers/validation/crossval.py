@@ -21,6 +21,7 @@ import numpy as np
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import evaluate
 from formulation.inputs.gpus import gpu_catalog
+from formulation.intervals import MIN_GROUP_RUNS, POOLED, interval_group
 from formulation.physics.memory import GIB
 from solvers.validation.calibrate import EXCLUDED, calibration_key, chip_of, with_parameters
 from solvers.validation.joint_fit import TimeTables, joint_fit
@@ -175,7 +176,7 @@ def summarize(predictions: list[Prediction]) -> dict:
             "unflagged": stats([p for p in predictions if not p.run.flags]), "sweep_groups": sweeps,
             "memory": {"rows": memory, "median_abs_error": _median([abs(m["error"]) for m in memory]),
                        "median_error": _median([m["error"] for m in memory])},
-            "measured_oom": oom,
+            "measured_oom": oom, "interval_coverage": interval_coverage(predictions),
             "ran_predicted_oom": sorted(p.run.row for p in predictions if p.peak_memory_gib > p.capacity_gib)}
 
 
@@ -197,6 +198,44 @@ def prediction_rows(predictions: list[Prediction]) -> list[dict]:
 
 def log_residuals(predictions: list[Prediction]) -> list[float]:
     return [math.log(p.iteration_time_s / p.run.measured_iter_s) for p in predictions if p.timed]
+
+
+def residual_group(p: Prediction) -> str:
+    """The interval group of a run (formulation/intervals.py): FP8 GEMMs or 16-bit."""
+    cluster = p.instance.cluster
+    return interval_group(p.instance.training, cluster.gpu_types[cluster.nodes[0].gpu_type])
+
+
+def p10_p90(residuals: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(residuals, n=10, method="inclusive")
+    return q[0], q[-1]
+
+
+def interval_coverage(predictions: list[Prediction]) -> dict:
+    """How the stored kind of interval fares on sources it was not derived from: for each source, the p10-p90 of
+    the other sources' log residuals of the run's group (pooled where the group has fewer than MIN_GROUP_RUNS);
+    per group, the share of runs measured faster than the band (below), inside it, and slower (above): 10%,
+    80%, 10% if the band is right. `pooled` is the same with one band for all runs, for comparison."""
+    timed = [(p.family, residual_group(p), math.log(p.iteration_time_s / p.run.measured_iter_s))
+             for p in predictions if p.timed]
+    out = {}
+    for mode in ("by_precision", POOLED):
+        counts: dict[str, list[int]] = {}
+        for family in sorted({f for f, _, _ in timed}):
+            others = [(g, r) for f, g, r in timed if f != family]
+            for f, group, r in timed:
+                if f != family:
+                    continue
+                same = [x for g, x in others if g == group]
+                band = same if mode != POOLED and len(same) >= MIN_GROUP_RUNS else [x for _, x in others]
+                if len(band) < 2:  # no band without the source (a one-source file)
+                    continue
+                lo, hi = p10_p90(band)
+                c = counts.setdefault(group, [0, 0, 0])
+                c[0 if r > hi else 2 if r < lo else 1] += 1  # r > p90: predicted too slow, measured faster
+        out[mode] = {g: {"runs": sum(c), "faster_than_p10": c[0] / sum(c), "inside": c[1] / sum(c),
+                         "slower_than_p90": c[2] / sum(c)} for g, c in sorted(counts.items())}
+    return out
 
 
 def ablation(runs: list[Run], terms: dict, progress=None) -> list[dict]:

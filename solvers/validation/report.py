@@ -50,6 +50,12 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
             groups.add_row(" ".join(str(x) for x in g["group"]), str(g["runs"]),
                            "-" if g["spearman"] is None else f"{g['spearman']:.2f}")
         console.print(groups)
+    coverage = summary.get("interval_coverage", {}).get("by_precision")
+    if coverage and len(summary["sources"]) > 1:
+        console.print("p10-p90 prediction interval, each source's runs against the band of the other sources' "
+                      "residuals of their precision (10 / 80 / 10 % if right): " + "; ".join(
+                          f"{g} ({c['runs']} runs) {100 * c['faster_than_p10']:.0f} % faster, {100 * c['inside']:.0f} % "
+                          f"inside, {100 * c['slower_than_p90']:.0f} % slower" for g, c in coverage.items()))
     memory = summary["memory"]
     if memory["rows"]:
         console.print(f"peak memory where measured: {len(memory['rows'])} runs, median |error| "

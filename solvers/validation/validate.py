@@ -268,7 +268,7 @@ def _validate(args) -> int:
     summary = crossval.summarize(predictions)
     few = fewshot.few_shot_table(predictions) if args.few_shot else []
     if args.write_intervals:
-        path = write_intervals(crossval.log_residuals(predictions), summary, mode)
+        path = write_intervals(predictions, summary, mode)
         print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
     rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
@@ -321,12 +321,25 @@ def _calibrate(args) -> int:
     return 0
 
 
-def write_intervals(residuals: list[float], summary: dict, mode: str) -> Path:
-    """Store the p10/p90 of log(predicted / measured) as the interval every estimate carries."""
-    q = statistics.quantiles(residuals, n=10, method="inclusive")
+def write_intervals(predictions: list, summary: dict, mode: str) -> Path:
+    """Store the p10/p90 of log(predicted / measured), pooled and per precision group, as the interval every
+    estimate carries (formulation/intervals.py)."""
+    residuals = crossval.log_residuals(predictions)
+    groups: dict[str, list[float]] = {}
+    for p in predictions:
+        if p.timed:
+            groups.setdefault(crossval.residual_group(p), []).append(
+                math.log(p.iteration_time_s / p.run.measured_iter_s))
+
+    def quantiles(values: list[float]) -> dict:
+        lo, hi = crossval.p10_p90(values)
+        return {"log_residual_p10": round(lo, 6), "log_residual_p90": round(hi, 6), "runs": len(values)}
+
     write_json_atomic(INTERVALS_PATH, {
         "_comment": f"Written by `solve validate --write-intervals` ({mode}, {len(residuals)} runs): quantiles of "
-                    "log(predicted / measured iteration time); formulation/intervals.py turns them into p10-p90.",
-        "log_residual_p10": round(q[0], 6), "log_residual_p90": round(q[-1], 6), "runs": len(residuals),
+                    "log(predicted / measured iteration time), pooled and per precision group; "
+                    "formulation/intervals.py turns them into p10-p90.",
+        **quantiles(residuals),
+        "by_precision": {g: quantiles(r) for g, r in sorted(groups.items()) if len(r) >= 2},
         "pooled_median_abs_error": summary["pooled"].get("median_abs_error")})
     return INTERVALS_PATH
