@@ -75,7 +75,6 @@ def expert_matmul_time(model, job, p, gpu_type) -> float:
     local = moe.num_experts // p.ep
     copies = expert_tokens(model, job, p)
     per_row = 2.0 * model.mlp_matrices * model.hidden_size * moe.expert_ffn_hidden_size / p.etp
-    flops = copies * per_row
     per_expert = copies / local
     fp8 = cost.fp8_gemms(job, gpu_type)
     if job.moe_grouped_gemm:

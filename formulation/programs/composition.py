@@ -89,7 +89,6 @@ def island_tables(instance, config: Config, islands: list[Island], layer_counts:
 def tabulate_stages(instance, config: Config, tables: list[IslandTable]) -> list[IslandTable]:
     """Fill in what the program needs beyond the capacities (once per table): each role's time, exposed dp
     sync and optimizer step for every layer count, and the sends between the island's consecutive slots."""
-    L = instance.model.num_layers
     for table in tables:
         slots = table.slots
         if not slots or max(table.caps) < config.vpp or table.time:
