@@ -10,8 +10,11 @@ import codecs
 import difflib
 import json
 import math
+import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # Longest field or problem text an error repeats: a megabyte-long value must not become a megabyte-long line.
@@ -39,6 +42,15 @@ class InfeasibleError(RuntimeError):
 
 
 _MISSING = object()
+# Bounds every number read from an input obeys unless its field sets its own: far beyond any real value, and
+# narrow enough that every time the model derives stays a number the programs can scale to integers (a
+# bandwidth of 1e-300 GB/s or a latency of 1e308 us made CP-SAT's domains overflow; a global batch of 1e18
+# made the divisor enumeration run for hours)
+MAX_INTEGER = 10**9
+MAX_NUMBER = 1e9
+MIN_POSITIVE = 1e-3
+# A link: 10 MB/s (slower than 1 Gb Ethernet) to 1 PB/s
+MIN_GB_PER_S, MAX_GB_PER_S = 0.01, 1e6
 
 
 def is_finite(value: int | float) -> bool:
@@ -107,13 +119,18 @@ class Section:
             raise self.error(key, f"expected a number, got {_type_name(value)} {value!r}")
         if not is_finite(value):
             raise self.error(key, f"expected a finite number, got {value!r}")
-        if positive and value <= 0:
-            raise self.error(key, f"expected a positive number, got {value!r}")
+        if positive and value < MIN_POSITIVE:
+            raise self.error(key, f"expected a positive number (at least {MIN_POSITIVE:g}), got {value!r}")
         if minimum is not None and value < minimum:
-            raise self.error(key, f"expected a number >= {minimum}, got {value!r}")
-        if maximum is not None and value > maximum:
-            raise self.error(key, f"expected a number <= {maximum}, got {value!r}")
+            raise self.error(key, f"expected a number >= {minimum:g}, got {value!r}")
+        maximum = MAX_NUMBER if maximum is None else maximum
+        if value > maximum:
+            raise self.error(key, f"expected a number <= {maximum:g}, got {value!r}")
         return float(value)
+
+    def bandwidth(self, key: str, default: Any = _MISSING) -> float:
+        """A link's bandwidth in GB/s, in [MIN_GB_PER_S, MAX_GB_PER_S]."""
+        return self.number(key, default, minimum=MIN_GB_PER_S, maximum=MAX_GB_PER_S)
 
     def integer(self, key: str, default: Any = _MISSING, *, minimum: int = 1, maximum: int | None = None) -> int:
         value = self.raw(key, default)
@@ -127,8 +144,9 @@ class Section:
             raise self.error(key, "expected an integer of at most 308 digits, got a longer one")
         if value < minimum:
             raise self.error(key, f"expected an integer >= {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise self.error(key, f"expected an integer <= {maximum}, got {value}")
+        maximum = MAX_INTEGER if maximum is None else maximum
+        if value > maximum:
+            raise self.error(key, f"expected an integer <= {maximum:,}, got {value:,}")
         return value
 
     def string(self, key: str, default: Any = _MISSING, *, choices: Iterable[str] | None = None) -> str:
@@ -265,4 +283,54 @@ def parse_json(text: str, file: str) -> Any:
     except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit conversion limit
         raise InputError(file, "<root>", str(exc)) from None
     reject_duplicates(data, found, file)
+    reject_lone_surrogates(data, file)
     return data
+
+
+def reject_lone_surrogates(data: Any, file: str) -> None:
+    """JSON's \\ud800-\\udfff escapes decode to unpaired surrogates, which no output (a table, a plan file) can
+    encode: refused here, with the field, rather than failing when the plan is written. A walk that visits each
+    container once: a YAML alias bomb is not expanded."""
+    def lone(text: Any) -> bool:
+        return isinstance(text, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+    path = field_path(data, lambda v: lone(v) or (isinstance(v, dict) and any(map(lone, v))))
+    if path is not None:
+        raise InputError(file, path, "text holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)")
+
+
+# Larger than any instance, placement, runs file or measurement log: a device such as /dev/zero would be read
+# until memory runs out
+MAX_INPUT_BYTES = 256 * 2**20
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be an input file, or None: missing, a directory, not a regular file (a device is read
+    forever, a pipe may block), larger than MAX_INPUT_BYTES, or unreadable."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as exc:
+        return f"cannot read file: {exc.strerror or exc}"
+    if stat.S_ISDIR(info.st_mode):
+        return "expected a file, got a directory"
+    if not stat.S_ISREG(info.st_mode):
+        return "expected a regular file, got a device, pipe or socket"
+    if info.st_size > MAX_INPUT_BYTES:
+        return f"file of {info.st_size / 2**20:,.0f} MiB; an input file is at most {MAX_INPUT_BYTES // 2**20} MiB"
+    return None
+
+
+def read_input_bytes(path: str | os.PathLike, file: str | None = None, field: str = "<root>") -> bytes:
+    """The bytes of an input file; every problem (file_problem, or the read itself) an `InputError` at `field`
+    of `file` (default: the file itself)."""
+    problem = file_problem(path)
+    if problem is None:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            problem = f"cannot read file: {exc.strerror or exc}"
+    if file is not None and file != str(path):
+        problem = f"{path}: {problem}"
+    raise InputError(file or str(path), field, problem)

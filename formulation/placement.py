@@ -302,6 +302,9 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     ep, etp = sec.integer("ep", default=1), sec.integer("etp", default=1)
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
+    if sec.has("zero_stage") and sec.data["zero_stage"] is None:  # null is not "leave it out"
+        raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got null (leave the field out for the "
+                                      "default: 1 with distributed_optimizer true, else 0)")
     zero = sec.raw("zero_stage", None)
     dist_opt = sec.raw("distributed_optimizer", None)
     if dist_opt is not None and not isinstance(dist_opt, bool):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import build_instance, small_instance_dict
+from formulation import InputError
+from formulation.errors import MAX_INTEGER
 from formulation.space import divisors, configurations
 
 
@@ -15,11 +19,16 @@ def test_divisors_in_order_without_scanning_up_to_n():
 
 
 def test_a_huge_micro_batch_limit_gives_the_space_of_the_batch_itself():
+    """The largest limit an instance may give (formulation.errors.MAX_INTEGER; 10**300 is an input error) is
+    clipped to the batch, not enumerated."""
     capped = small_instance_dict(2, 4, global_batch_size=16)
     capped["training"]["max_micro_batch_size"] = 16
     huge = small_instance_dict(2, 4, global_batch_size=16)
-    huge["training"]["max_micro_batch_size"] = 10**300
+    huge["training"]["max_micro_batch_size"] = MAX_INTEGER
     assert list(configurations(build_instance(huge))) == list(configurations(build_instance(capped)))
+    huge["training"]["max_micro_batch_size"] = 10**300
+    with pytest.raises(InputError, match="max_micro_batch_size: expected an integer <= 1,000,000,000"):
+        build_instance(huge)
 
 
 def test_a_placement_is_its_configuration_plus_the_map():

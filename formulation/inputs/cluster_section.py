@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from formulation.errors import Section, is_finite
+from formulation.errors import MAX_GB_PER_S, MIN_GB_PER_S, Section, is_finite
 from formulation.inputs.cluster import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, Cluster, Node
 from formulation.inputs.gpus import gpu_type_from_dict
 from formulation.inputs.ingest import network as measured
@@ -67,6 +67,9 @@ def _load_nodes(sec: Section, gpu_types: dict) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
+MAX_LATENCY_US = 1e6  # one second: any link's latency is microseconds
+
+
 def _matrix(net: Section, key: str, size: int) -> np.ndarray:
     rows = net.items(key)
     if len(rows) != size:
@@ -78,8 +81,9 @@ def _matrix(net: Section, key: str, size: int) -> np.ndarray:
             raise net.error(f"{key}[{i}]", f"expected a row of {size} numbers, got {got}")
         for j, value in enumerate(row):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not is_finite(value) or \
-                    (value <= 0 and i != j) or value < 0:
-                raise net.error(f"{key}[{i}][{j}]", f"expected a positive bandwidth in GB/s, got {value!r}")
+                    (i != j and not MIN_GB_PER_S <= value <= MAX_GB_PER_S) or value < 0:
+                raise net.error(f"{key}[{i}][{j}]", f"expected a bandwidth in GB/s, {MIN_GB_PER_S:g} to "
+                                                   f"{MAX_GB_PER_S:g}, got {value!r}")
             out[i, j] = value
     return out
 
@@ -92,7 +96,7 @@ def _leaf_groups(net: Section, inter: np.ndarray) -> np.ndarray:
         return inter
     gs = net.section("leaf_groups")
     size = gs.integer("nodes_per_group")
-    cross = gs.number("cross_group_gb_per_s")
+    cross = gs.bandwidth("cross_group_gb_per_s")
     gs.done()
     leaf = np.arange(inter.shape[0]) // size
     return np.where(leaf[:, None] != leaf[None, :], np.minimum(inter, cross), inter)
@@ -103,10 +107,12 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
     figures -> `nccl_tests` (fitted level figures and latencies) -> `leaf_groups` (unless a node matrix is
     given) -> per-node `nodes` -> `node_matrix_gb_per_s`
     -> `node_pairs` -> `sendrecv_logs` -> `nvidia_smi_topo` -> `gpu_matrix_gb_per_s` -> `gpu_pairs`."""
-    intra_nominal = net.number("intra_node_gb_per_s")
-    inter_nominal = net.number("inter_node_gb_per_s")
-    intra_latency = net.number("intra_node_latency_us", default=5.0, positive=False, minimum=0.0) * 1e-6
-    inter_latency = net.number("inter_node_latency_us", default=15.0, positive=False, minimum=0.0) * 1e-6
+    intra_nominal = net.bandwidth("intra_node_gb_per_s")
+    inter_nominal = net.bandwidth("inter_node_gb_per_s")
+    intra_latency = net.number("intra_node_latency_us", default=5.0, positive=False, minimum=0.0,
+                               maximum=MAX_LATENCY_US) * 1e-6
+    inter_latency = net.number("inter_node_latency_us", default=15.0, positive=False, minimum=0.0,
+                               maximum=MAX_LATENCY_US) * 1e-6
     fits = measured.nccl_level_fits(net, nodes, base_dir)
     intra_latency = intra_latency if fits.intra_latency_s is None else fits.intra_latency_s
     inter_latency = inter_latency if fits.inter_latency_s is None else fits.inter_latency_s
@@ -145,9 +151,9 @@ def _per_node_figures(net: Section, index: dict[str, int], intra: list[np.ndarra
         if name not in index:
             raise ns.error("node", f"unknown node {name!r}")
         if ns.has("inter_node_gb_per_s"):
-            nic[index[name]] = ns.number("inter_node_gb_per_s")
+            nic[index[name]] = ns.bandwidth("inter_node_gb_per_s")
         if ns.has("intra_node_gb_per_s"):
-            intra[index[name]][:] = ns.number("intra_node_gb_per_s")
+            intra[index[name]][:] = ns.bandwidth("intra_node_gb_per_s")
         ns.done()
     return nic
 
@@ -159,7 +165,7 @@ def _node_pairs(net: Section, index: dict[str, int], inter: np.ndarray) -> None:
         pair = ps.items("nodes")
         if len(pair) != 2 or any(not isinstance(p, str) or p not in index for p in pair) or pair[0] == pair[1]:
             raise ps.error("nodes", f"expected two different known node names, got {pair!r}")
-        value = ps.number("gb_per_s")
+        value = ps.bandwidth("gb_per_s")
         ps.done()
         a, b = index[pair[0]], index[pair[1]]
         inter[a, b] = inter[b, a] = value
@@ -198,7 +204,7 @@ def _gpu_level_figures(net: Section, nodes: tuple[Node, ...], intra: list[np.nda
         a, b = gpu(pair[0], ps), gpu(pair[1], ps)
         if a == b:
             raise ps.error("gpus", f"expected two different GPUs, got {pair!r}")
-        value = ps.number("gb_per_s")
+        value = ps.bandwidth("gb_per_s")
         ps.done()
         na, nb = node_of_gpu[a], node_of_gpu[b]
         if na == nb:

@@ -16,7 +16,9 @@ from formulation.errors import (
     Section,
     decode_text,
     parse_json,
+    read_input_bytes,
     reject_duplicates,
+    reject_lone_surrogates,
 )
 from formulation.inputs.job import TrainingJob, load_training_section
 from formulation.inputs.model import Model, load_model_section
@@ -38,15 +40,7 @@ def read_document(path: str | Path) -> dict:
     """Parse a JSON or YAML file into a dict; any problem is an `InputError` naming the file."""
     path = Path(path)
     file = str(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(file, "<root>", "file not found") from None
-    except IsADirectoryError:
-        raise InputError(file, "<root>", "expected a file, got a directory") from None
-    except OSError as exc:
-        raise InputError(file, "<root>", f"cannot read file: {exc.strerror}") from None
-    text = decode_text(raw, file)
+    text = decode_text(read_input_bytes(path), file)
     data = _parse_yaml(text, file) if path.suffix.lower() in (".yaml", ".yml") else parse_json(text, file)
     if not isinstance(data, dict):
         raise InputError(file, "<root>", "expected an object at the top level")
@@ -98,6 +92,7 @@ def _parse_yaml(text: str, file: str):
     finally:
         loader.dispose()
     reject_duplicates(data, loader.duplicates, file)
+    reject_lone_surrogates(data, file)
     return data
 
 

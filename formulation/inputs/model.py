@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from formulation.data import MODELS_DIR
-from formulation.errors import InputError, Section, decode_text, parse_json
+from formulation.errors import InputError, Section, decode_text, parse_json, read_input_bytes
 from formulation.inputs.moe import MOE_IGNORED, LatentAttention, MoE, parameter_counts, read_latent_attention, read_moe
 
 PRESET_DIR = MODELS_DIR
@@ -215,14 +215,9 @@ def preset_names() -> list[str]:
 def read_json_file(path: Path, file: str, field: str) -> dict:
     """A referenced JSON object (preset, HF config.json). Problems with the document as a whole are reported at
     the referencing `field` of `file`, naming the path; a bad field inside it names that file and field."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(file, field, f"file not found: {path}") from None
-    except IsADirectoryError:
-        raise InputError(file, field, f"{path} is a directory; expected the config.json file (inside it?)") from None
-    except OSError as exc:
-        raise InputError(file, field, f"cannot read {path}: {exc.strerror}") from None
+    if path.is_dir():
+        raise InputError(file, field, f"{path} is a directory; expected the config.json file (inside it?)")
+    raw = read_input_bytes(path, file, field)
     try:
         data = parse_json(decode_text(raw, str(path)), str(path))
     except InputError as exc:

@@ -103,6 +103,10 @@ def read_moe(sec: Section, layers: int, ffn: int | None) -> tuple[MoE | None, in
             raise sec.error("mlp_only_layers", f"expected layer indices from 0 to {layers - 1}, got {dense_only!r}")
         pattern = tuple(int((i + 1) % step == 0 and i not in dense_only) for i in range(layers))
         return MoE(experts, _topk(sec, experts), width, shared, pattern), ffn
+    if sec.has("num_experts_per_tok") and sec.data["num_experts_per_tok"] not in (None, 0):
+        # routing without experts: a mixture-of-experts config that lost its expert count, not a dense model
+        raise sec.error("num_experts_per_tok", "given without an expert count: add num_local_experts (Mixtral), "
+                                               "n_routed_experts (DeepSeek) or num_experts (Qwen-MoE)")
     return None, ffn
 
 

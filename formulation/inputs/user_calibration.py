@@ -10,11 +10,10 @@ Each is a change of inputs, so the evaluator and the exact program see an ordina
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from formulation.errors import InputError, Section
+from formulation.errors import Section, decode_text, parse_json, read_input_bytes
 
 MAX_EFFICIENCY = 0.98
 
@@ -35,12 +34,7 @@ class UserCalibration:
 
 def load_user_calibration(path: str | Path) -> UserCalibration:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(str(path), "<root>", f"cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), "<root>", f"invalid JSON at line {exc.lineno}") from None
+    data = parse_json(decode_text(read_input_bytes(path), str(path)), str(path))
     sec = Section(data, str(path), "")
     cal = UserCalibration(sec.number("compute_scale", default=1.0, positive=True),
                           sec.number("network_scale", default=1.0, positive=True),

@@ -152,7 +152,7 @@ def topo_matrices(net: Section, nodes, gpu_types: dict, base_dir: Path) -> dict[
         for key in list(table.data):
             if not isinstance(key, str) or not is_table_key(key):
                 raise table.error(str(key), "expected a link class: NV (per link), NV<k>, PIX, PXB, PHB, NODE or SYS")
-            overrides[key] = table.number(key)
+            overrides[key] = table.bandwidth(key)
         es.done()
         topology = _read(lambda: parse_topology(path), es)
         matrix = gpu_bandwidth_matrix(topology, generation, overrides)
