@@ -10,7 +10,7 @@ import math
 import pytest
 
 from conftest import REPO, build_instance, run_solve
-from formulation import default_placement, evaluate, load_instance
+from formulation import default_placement, evaluate
 from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration, load_user_calibration
 from solvers.validation import crossval, fewshot
 

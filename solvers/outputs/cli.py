@@ -30,6 +30,7 @@ from formulation.placement import load_placement
 from solvers import solve
 from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint
+from solvers.outputs.arguments import OneLineParser, count, seconds, seed
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables, tie_note
 from solvers.search.driver import NoPlanInTime
@@ -42,7 +43,7 @@ EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="solve", description="Plan LLM training on a GPU cluster: parallel sizes, layer partition and "
                                   "GPU-to-rank map that make an iteration fastest without running out of memory.",
         epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help', "
@@ -78,10 +79,10 @@ def _parser() -> argparse.ArgumentParser:
                              "Clusters of several GPU types, and cost / gpus, use the island composition search")
     parser.add_argument("--required-tokens-per-s", type=float, default=None, metavar="TOK",
                         help="throughput the plan must reach (with --objective gpus)")
-    parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="wall-clock limit in seconds")
-    parser.add_argument("--threads", type=int, default=1, help="solver threads")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (results are deterministic per seed)")
-    parser.add_argument("--top", type=int, default=1, metavar="K", help="also report the K best configurations")
+    parser.add_argument("--time-limit", type=seconds, default=None, metavar="S", help="wall-clock limit in seconds")
+    parser.add_argument("--threads", type=count, default=1, help="solver threads")
+    parser.add_argument("--seed", type=seed, default=0, help="random seed (results are deterministic per seed)")
+    parser.add_argument("--top", type=count, default=1, metavar="K", help="also report the K best configurations")
     parser.add_argument("--calibration", metavar="CAL.json", help="your cluster's knobs, fitted on your own runs "
                         "by 'solve calibrate --runs MINE.csv --output CAL.json' (compute, network, overhead)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
@@ -115,8 +116,10 @@ _SUBCOMMANDS = {"validate": _validate_command, "calibrate": _validate_command, "
 
 def _argument_problem(args) -> str | None:
     """What is wrong with the flags taken together (argparse checks each alone), as the line to print."""
-    if args.top < 1:
-        return f"--top: expected a positive integer, got {args.top}"
+    if args.output and Path(args.output).is_dir():
+        return f"--output: {args.output} is a directory; expected the plan file's path"
+    if args.output_dir and Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        return f"--output-dir: {args.output_dir} exists and is not a directory"
     if args.objective == "gpus" and not (args.required_tokens_per_s and args.required_tokens_per_s > 0):
         return "--required-tokens-per-s: expected a positive throughput with --objective gpus"
     if args.solver is not None and (args.method is not None or args.backend is not None):
@@ -124,8 +127,6 @@ def _argument_problem(args) -> str | None:
     method, _ = strategy(args.solver, args.method or "auto", args.backend or "auto")
     if args.objective != "time" and method not in ("auto", "exact"):
         return f"--objective {args.objective}: needs --method auto or exact, not {method}"
-    if args.time_limit is not None and args.time_limit <= 0:
-        return f"--time-limit: expected a positive number of seconds, got {args.time_limit}"
     return None
 
 
@@ -166,7 +167,10 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_INFEASIBLE, f"timeout: {exc}")
     plan = result.to_dict(instance.cluster)
     if args.output:
-        write_json_atomic(args.output, plan)
+        try:
+            write_json_atomic(args.output, plan)
+        except OSError as exc:
+            return _fail(EXIT_BAD_INPUT, f"error: {args.output}: cannot write: {exc.strerror or exc}")
     if args.json:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
@@ -178,7 +182,7 @@ def run(argv: list[str]) -> int:
 
 def _ingest(argv: list[str]) -> int:
     """`solve ingest FILE...`: what the planner takes from each measurement or config file."""
-    parser = argparse.ArgumentParser(prog="solve ingest", description="Say what the planner takes from an "
+    parser = OneLineParser(prog="solve ingest", description="Say what the planner takes from an "
                                      "nccl-tests log, `nvidia-smi topo -m` output or Hugging Face config.json")
     parser.add_argument("files", nargs="+", metavar="FILE")
     parser.add_argument("--gpu-generation", default=None, help="with a topology: also print its GPU-pair "

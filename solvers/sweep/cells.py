@@ -92,9 +92,9 @@ def load_sweep(path: str | Path) -> Sweep:
             raise axes_sec.error(axis, "expected a non-empty list of values")
         axes[axis] = values
     axes_sec.done()
-    budget = sec.number("token_budget", default=None, positive=True)
+    budget = sec.number("token_budget", default=None, positive=True, maximum=1e18)
     limit = sec.number("time_limit_s", default=None, positive=True)
-    seed = sec.integer("seed", default=0, minimum=0)
+    seed = sec.integer("seed", default=0, minimum=0, maximum=2**31 - 1)
     prices = sec.raw("prices", {})
     if not isinstance(prices, dict) or not all(isinstance(v, (int, float)) and v >= 0 for v in prices.values()):
         raise sec.error("prices", "expected a map of GPU type to a price per GPU-hour >= 0")

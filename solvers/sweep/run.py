@@ -7,7 +7,6 @@ and writes each finished cell to the cache at once."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from formulation import InputError
+from solvers.outputs.arguments import OneLineParser, count
 from solvers.outputs.files import write_json_atomic
 from solvers.sweep.cells import Cell, Sweep, cells, load_sweep, run_cell
 from solvers.sweep.tables import write_tables
@@ -86,14 +86,14 @@ def _progress_text(done: int, cached_cells: int, failed: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="solve sweep", description="Plan every cell of a what-if sweep (models, "
+    parser = OneLineParser(prog="solve sweep", description="Plan every cell of a what-if sweep (models, "
                                      "GPU types, node counts, batch, sequence) and tabulate days and cost")
     parser.add_argument("sweep", metavar="SWEEP.yaml")
     parser.add_argument("--out", required=True, metavar="DIR", help="table.csv, table.json, pareto.png, "
                         "index.html, plans/ and the cell cache (re-running resumes from it)")
     parser.add_argument("--engine", choices=["local", "ray"], default="local",
                         help="local: a process pool on this machine (default); ray: each cell a Ray task")
-    parser.add_argument("--workers", type=int, default=None, help="local pool size (default: all cores)")
+    parser.add_argument("--workers", type=count, default=None, help="local pool size (default: all cores)")
     parser.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start one here)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)

@@ -24,6 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
+from solvers.outputs.arguments import OneLineParser
 from solvers.outputs.files import save_figure_atomic, write_json_atomic
 
 # Shipped instances are looked up in ./instances first, then in the checkout this module runs from.
@@ -265,7 +266,7 @@ def _write(result: dict, out: Path) -> list[Path]:
 def main(argv: list[str]) -> int:
     from rich.console import Console
 
-    parser = argparse.ArgumentParser(prog="solve bench", description=__doc__,
+    parser = OneLineParser(prog="solve bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", nargs="+", default=None,
                         help=f"instance names under instances/ or paths (default: {' '.join(DEFAULT_INSTANCES)})")

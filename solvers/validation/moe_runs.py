@@ -15,9 +15,7 @@ FLOP count (docs/moe.md (E8)), full or with causal attention as `flop_count` say
 
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
 
 from formulation.inputs.instance import instance_from_dict
 from formulation.physics.moe_cost import model_flops
@@ -37,11 +35,6 @@ def recompute_modules(r: dict) -> list[str] | None:
     if r["recompute"] != "selective" or not words:
         return None
     return [MODULE_ALIASES.get(word, word) for word in words]
-
-
-def is_moe_runs_file(path: str | Path) -> bool:
-    with open(path, newline="", encoding="utf-8") as handle:
-        return "model_preset" in (csv.DictReader(handle).fieldnames or [])
 
 
 def _training(r: dict) -> dict:

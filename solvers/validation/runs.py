@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from formulation.data import REFERENCE_DIR
+from formulation.errors import InputError, file_problem
 from formulation.inputs.instance import Instance, instance_from_dict
 from formulation.placement import Placement, even_split
-from solvers.validation.moe_runs import MOE_ROW_OFFSET, is_moe_runs_file, moe_run_from_row
+from solvers.validation.moe_runs import MOE_ROW_OFFSET, moe_run_from_row
 
 DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
 DEFAULT_MEMORY = REFERENCE_DIR / "published_memory.csv"
@@ -64,16 +65,28 @@ class Run:
                 self.instance.training.seq_length, self.instance.training.global_batch_size)
 
 
-def _int(value: str, default: int | None = None) -> int | None:
-    value = (value or "").strip()
-    return int(float(value)) if value else default
-
-
-def _float(value: str) -> float | None:
-    value = (value or "").strip()
+def _float(r: dict, key: str) -> float | None:
+    """A cell as a finite number >= 0; blank (or OOM in the memory column): None. Anything else names the column."""
+    value = (r.get(key) or "").strip()
     if not value or value.upper() == "OOM":
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"column {key}: expected a finite number >= 0, got {value!r}")
+    return number
+
+
+def _int(r: dict, key: str, default: int | None = None) -> int | None:
+    """A cell as a whole number >= 0 (written 8 or 8.0); blank: `default`."""
+    number = _float(r, key)
+    if number is None:
+        return default
+    if not number.is_integer():
+        raise ValueError(f"column {key}: expected a whole number, got {r[key].strip()!r}")
+    return int(number)
 
 
 def _is_old_megatron(source: str) -> bool:
@@ -82,7 +95,7 @@ def _is_old_megatron(source: str) -> bool:
 
 def sc21_flops(r: dict) -> float:
     """SC21's count (includes the recompute forward): 96 B s l h^2 (1 + s/6h + V/16lh)."""
-    B, s, l, h, V = (float(r[k]) for k in ("gbs", "seq", "layers", "hidden", "vocab"))
+    B, s, l, h, V = (_float(r, k) for k in ("gbs", "seq", "layers", "hidden", "vocab"))
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
@@ -92,7 +105,7 @@ def run_from_row(index: int, r: dict) -> Run:
     source = r["source"]
     mem_text = (r.get("measured_peak_memory_gb") or "").strip()
     base = dict(row=index, name=name, source=source, gpu_type=gpu_type, instance=None, placement=None,
-                measured_iter_s=None, measured_how="", measured_peak_memory_gb=_float(mem_text),
+                measured_iter_s=None, measured_how="", measured_peak_memory_gb=_float(r, "measured_peak_memory_gb"),
                 measured_oom=mem_text.upper() == "OOM")
 
     def skip(reason: str) -> Run:
@@ -101,13 +114,15 @@ def run_from_row(index: int, r: dict) -> Run:
     precision = (r.get("precision") or "").strip().lower()
     if precision not in ("bf16", "fp16", "fp8"):
         return skip(f"precision {precision or 'unknown'} is not modelled yet (bf16, fp16 and fp8 are)")
-    if _int(r["ep"], 1) > 1:
+    if _int(r, "ep", 1) > 1:
         return skip("mixture-of-experts (ep > 1) is not modelled yet")
     if not r["tp"].strip() or not r["pp"].strip():
         return skip("parallel configuration (tp, pp) not published")
-    tp, pp, dp = _int(r["tp"]), _int(r["pp"]), _int(r["dp"], 1)
-    cp, vpp, mbs = _int(r["cp"], 1), _int(r["vp"], 1), _int(r["mbs"], 1)
-    n_gpus, gbs = _int(r["n_gpus"]), _int(r["gbs"])
+    tp, pp, dp = _int(r, "tp"), _int(r, "pp"), _int(r, "dp", 1)
+    cp, vpp, mbs = _int(r, "cp", 1), _int(r, "vp", 1), _int(r, "mbs", 1)
+    n_gpus, gbs = _int(r, "n_gpus"), _int(r, "gbs")
+    if not n_gpus or not gbs or not mbs:
+        return skip("n_gpus, gbs and mbs must be positive whole numbers")
     if tp * pp * cp * dp != n_gpus:
         return skip(f"tp x pp x cp x dp = {tp * pp * cp * dp} differs from n_gpus = {n_gpus}")
     old = _is_old_megatron(source)
@@ -120,7 +135,7 @@ def run_from_row(index: int, r: dict) -> Run:
         if block < 1:
             return skip(f"recompute {recompute!r}: expected block:<layers per chunk>, a positive integer")
         recompute = "full"
-    zero = _int(r["zero"], 0 if old else 1)
+    zero = _int(r, "zero", 0 if old else 1)
     data = _instance_data(index, r, precision, recompute, zero, old)
     try:
         instance = instance_from_dict(data, f"runs row {index}")
@@ -148,19 +163,21 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
     type with the row's link figures. Old Megatron-LM (2020-21) ran without flash attention and sequence
     parallelism (unless the row says so) and with GPT-style dropout."""
     name, gpu_type = r["model"].strip(), r["gpu_type"].strip()
-    n_gpus, mbs = _int(r["n_gpus"]), _int(r["mbs"], 1)
-    hidden, heads, ffn = _int(r["hidden"]), _int(r["heads"]), _int(r["ffn"])
+    n_gpus, mbs = _int(r, "n_gpus"), _int(r, "mbs", 1)
+    hidden, heads, ffn = _int(r, "hidden"), _int(r, "heads"), _int(r, "ffn")
     gelu = ffn == 4 * hidden
-    model = {"name": name, "num_hidden_layers": _int(r["layers"]), "hidden_size": hidden, "intermediate_size": ffn,
-             "num_attention_heads": heads, "num_key_value_heads": _int(r["kv_heads"], heads),
-             "vocab_size": _int(r["vocab"]), "hidden_act": "gelu" if gelu else "silu", "dropout": gelu and old}
-    per_node = _int(r["gpus_per_node"], 8)
+    model = {"name": name, "num_hidden_layers": _int(r, "layers"), "hidden_size": hidden, "intermediate_size": ffn,
+             "num_attention_heads": heads, "num_key_value_heads": _int(r, "kv_heads", heads),
+             "vocab_size": _int(r, "vocab"), "hidden_act": "gelu" if gelu else "silu", "dropout": gelu and old}
+    per_node = _int(r, "gpus_per_node", 8)
+    if per_node < 1:
+        raise ValueError(f"column gpus_per_node: expected a positive whole number, got {per_node}")
     compiled = "torch.compile" in r["notes"] and "no torch.compile" not in r["notes"]
     return {
         "name": f"row{index}", "description": name, "model": model,
-        "training": {"global_batch_size": _int(r["gbs"]), "seq_length": _int(r["seq"]), "precision": precision,
+        "training": {"global_batch_size": _int(r, "gbs"), "seq_length": _int(r, "seq"), "precision": precision,
                      "recompute": [recompute], "zero_stage": [zero], "max_micro_batch_size": mbs,
-                     "context_parallel_sizes": [_int(r["cp"], 1)], "virtual_pipeline_sizes": [_int(r["vp"], 1)],
+                     "context_parallel_sizes": [_int(r, "cp", 1)], "virtual_pipeline_sizes": [_int(r, "vp", 1)],
                      "flash_attention": not old,
                      "sequence_parallel": not old or "sequence-parallel" in (r["recompute"] or ""),
                      # an optional `tp_comm_overlap` column (true / false) says it where the notes do not
@@ -177,18 +194,18 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
         "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
                     "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n", "gpu_type": gpu_type,
                                "gpus": min(per_node, n_gpus)}],
-                    "network": {"intra_node_gb_per_s": float(r["intra_node_gb_per_s"]),
-                                "inter_node_gb_per_s": float(r["inter_node_gb_per_s"])}},
+                    "network": {"intra_node_gb_per_s": _float(r, "intra_node_gb_per_s"),
+                                "inter_node_gb_per_s": _float(r, "inter_node_gb_per_s")}},
     }
 
 
 def _measured_time(r: dict, instance: Instance, n_gpus: int) -> tuple[float | None, str]:
-    if _float(r["iter_s"]):
-        return float(r["iter_s"]), "iter_s"
+    if _float(r, "iter_s"):
+        return _float(r, "iter_s"), "iter_s"
     tokens = instance.training.global_batch_size * instance.training.seq_length
-    if _float(r["tokens_per_s_per_gpu"]):
-        return tokens / (float(r["tokens_per_s_per_gpu"]) * n_gpus), "from tokens/s"
-    tflops = _float(r["tflops_per_gpu"])
+    if _float(r, "tokens_per_s_per_gpu"):
+        return tokens / (_float(r, "tokens_per_s_per_gpu") * n_gpus), "from tokens/s"
+    tflops = _float(r, "tflops_per_gpu")
     if tflops:
         if "SC21" in r["source"]:
             return sc21_flops(r) / (tflops * 1e12 * n_gpus), "from TFLOP/s (SC21 formula)"
@@ -222,25 +239,71 @@ def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
     """A runs CSV: the dense format, or the MoE format (a `model_preset` column, solvers/validation/moe_runs.py).
     A bare file name that does not exist is looked up among the packaged reference files."""
     path = resolve_runs_path(path)
-    if is_moe_runs_file(path):
-        with open(path, newline="", encoding="utf-8") as handle:
-            return [moe_run_from_row(MOE_ROW_OFFSET + i, row) for i, row in enumerate(csv.DictReader(handle))]
-    assumed = row_assumptions(path)
+    columns, rows = read_rows(path)
+    moe = "model_preset" in columns
+    if not moe:
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing or not set(MEASURED_COLUMNS) & set(columns):
+            raise InputError(str(path), "<header>", f"missing columns: {', '.join(missing or MEASURED_COLUMNS)}"
+                             + ("" if missing else " (one of them)") + "; the minimal columns are in docs/validation.md")
+    assumed = {} if moe else row_assumptions(path)
     runs = []
-    with open(path, newline="", encoding="utf-8") as handle:
-        for i, row in enumerate(csv.DictReader(handle)):
-            notes = []
-            for a in assumed.get(i, []):
-                # the file changed under the assumption: say so (a column the file lacks reads as blank)
-                if row.get(a["field"], "") != a["published"]:
-                    raise ValueError(f"{ROW_ASSUMPTIONS.name}: {path} row {i} field {a['field']} is "
-                                     f"{row.get(a['field'], '')!r}, the assumption expects {a['published']!r}")
-                row[a["field"]] = a["assumed"]
-                notes.append(f"{a['field']}: {a['published'] or 'blank'} -> {a['assumed']} ({a['reason']})")
-            run = run_from_row(i, row)
-            run.assumptions = tuple(notes)
-            runs.append(run)
+    for i, row in enumerate(rows):
+        try:
+            runs.append(moe_run_from_row(MOE_ROW_OFFSET + i, row) if moe else
+                        _run_with_assumptions(path, i, row, assumed))
+        except InputError:
+            raise
+        except (ValueError, KeyError, ArithmeticError) as exc:  # a cell the row's conversion could not read
+            problem = f"column {exc.args[0]} is missing" if isinstance(exc, KeyError) else str(exc)
+            raise InputError(str(path), f"row {i}", problem) from None
     return runs
+
+
+# Columns every dense runs file has (cells may be blank), and those of which it needs one: docs/validation.md
+REQUIRED_COLUMNS = ("source", "model", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq", "gpu_type",
+                    "n_gpus", "gpus_per_node", "intra_node_gb_per_s", "inter_node_gb_per_s", "precision", "tp", "pp",
+                    "dp", "cp", "vp", "mbs", "gbs", "recompute", "zero", "ep", "notes")
+MEASURED_COLUMNS = ("iter_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
+
+
+def read_rows(path: Path) -> tuple[list[str], list[dict]]:
+    """The header and the rows of a CSV file as dicts (short rows padded with blanks, a byte-order mark
+    dropped); any problem an `InputError` naming the file."""
+    problem = file_problem(path)
+    if problem:
+        raise InputError(str(path), "<root>", problem)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            reader = csv.DictReader(handle, restval="")
+            rows = list(reader)
+            columns = [c.strip() for c in reader.fieldnames or []]
+    except UnicodeDecodeError as exc:
+        raise InputError(str(path), "<root>", f"file is not valid UTF-8 (byte {exc.start})") from None
+    except csv.Error as exc:
+        raise InputError(str(path), "<root>", f"not a CSV file: {exc}") from None
+    except OSError as exc:
+        raise InputError(str(path), "<root>", f"cannot read file: {exc.strerror or exc}") from None
+    if not columns:
+        raise InputError(str(path), "<header>", "empty file: expected a header line of column names "
+                         "(docs/validation.md)")
+    # header names with stray spaces still name their column; cells beyond the header (key None) are dropped
+    rows = [{(k or "").strip(): v for k, v in row.items() if k is not None} for row in rows]
+    return columns, rows
+
+
+def _run_with_assumptions(path: Path, i: int, row: dict, assumed: dict) -> Run:
+    notes = []
+    for a in assumed.get(i, []):
+        # the file changed under the assumption: say so (a column the file lacks reads as blank)
+        if row.get(a["field"], "") != a["published"]:
+            raise InputError(str(ROW_ASSUMPTIONS.name), f"row {i}", f"{path} row {i} field {a['field']} is "
+                             f"{row.get(a['field'], '')!r}, the assumption expects {a['published']!r}")
+        row[a["field"]] = a["assumed"]
+        notes.append(f"{a['field']}: {a['published'] or 'blank'} -> {a['assumed']} ({a['reason']})")
+    run = run_from_row(i, {**{c: "" for c in MEASURED_COLUMNS}, **row})
+    run.assumptions = tuple(notes)
+    return run
 
 
 def is_test_row(row: int) -> bool:

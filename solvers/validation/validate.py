@@ -28,7 +28,8 @@ from formulation.placement import Placement, even_split
 from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
 from formulation.intervals import INTERVALS_PATH
 from formulation.physics.cost import PHYSICS_TERMS
-from solvers.outputs.files import write_json_atomic
+from solvers.outputs.arguments import OneLineParser
+from solvers.outputs.files import save_figure_atomic, write_json_atomic
 from solvers.validation import crossval, fewshot
 from solvers.validation.calibrate import EXCLUDED, chip_of
 from solvers.validation.crossval import spearman
@@ -208,12 +209,15 @@ def _plot(result: dict, path: str) -> None:
            title="Predicted vs measured (dotted: +-10 %)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.set_dpi(120)
+    try:
+        save_figure_atomic(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def main(command: str, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"solve {command}", description=__doc__,
+    parser = OneLineParser(prog=f"solve {command}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, default=None, help="measured runs CSV (published_runs format; "
                         "default: the packaged reference runs, torchtitan's included)")
@@ -238,23 +242,44 @@ def main(command: str, argv: list[str]) -> int:
                             "reference runs and rewrite formulation/data/calibration.json")
     args = parser.parse_args(argv)
     args.runs = None if args.runs is None else resolve_runs_path(args.runs)
-    if args.runs is not None and not args.runs.is_file():
-        print(f"error: {args.runs}: <root>: file not found", file=sys.stderr)
-        return 2
+    for flag, target in (("--output", getattr(args, "output", None)), ("--plot", getattr(args, "plot", None))):
+        if target is not None and Path(target).is_dir():  # before minutes of work, not after
+            print(f"error: {flag}: {target} is a directory; expected a file path", file=sys.stderr)
+            return 2
     try:
         if command == "calibrate":
             return _calibrate(args)
         return _validate(args)
-    except (InputError, KeyError, ValueError) as exc:
-        print(f"error: {args.runs or 'reference runs'}: {exc}", file=sys.stderr)
+    except InputError as exc:  # names its file
+        print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # an output that cannot be written
+        print(f"error: {exc.filename2 or exc.filename}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def users_runs(path: Path) -> list:
+    """A runs file given with --runs: its rows that cannot be scored are named on stderr, with the reason; a file
+    with none that can is an `InputError` naming the first few."""
+    runs = load_runs(path)
+    skipped = [r for r in runs if r.skipped_reason is not None and not r.measured_oom]
+    usable = len(runs) - len(skipped)
+    if not usable:
+        reasons = "; ".join(f"row {r.row}: {r.skipped_reason}" for r in skipped[:3])
+        raise InputError(str(path), "<rows>", f"no run can be scored ({len(runs)} rows" +
+                         (f": {reasons}{'; ...' if len(skipped) > 3 else ''})" if runs else ")"))
+    for r in skipped[:10]:
+        print(f"warning: {path}: row {r.row} not scored: {r.skipped_reason}", file=sys.stderr)
+    if len(skipped) > 10:
+        print(f"warning: {path}: {len(skipped) - 10} more rows not scored", file=sys.stderr)
+    return runs
 
 
 def _validate(args) -> int:
     from rich.console import Console
 
     console = Console(width=max(Console().width, 120))
-    runs = crossval.reference_runs() if args.runs is None else load_runs(args.runs)
+    runs = crossval.reference_runs() if args.runs is None else users_runs(args.runs)
     adjust = None
     if args.calibration:
         cal = load_user_calibration(args.calibration)
@@ -305,7 +330,7 @@ def _calibrate(args) -> int:
         return 0
     if args.runs is None:
         raise InputError(None, "--runs", "--output fits your own runs: give them with --runs FILE.csv")
-    runs = [r for r in load_runs(args.runs) if r.skipped_reason is None]
+    runs = [r for r in users_runs(args.runs) if r.skipped_reason is None]
     if len(runs) < 2:
         raise InputError(str(args.runs), "<rows>", f"at least 2 runs with a measured time are needed, got {len(runs)}")
     cases = [(r.instance, r.placement, r.measured_iter_s) for r in runs]

@@ -1,0 +1,43 @@
+"""Command-line parsing shared by `solve` and its subcommands: a parser whose errors are one line, as every
+other error of the tool is (argparse prints its usage block first), and checks of the numeric flags."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+# CP-SAT and numpy take a 32-bit signed seed
+MAX_SEED = 2**31 - 1
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported as `prog: error: message (see prog --help)` and exit code 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """A positive whole number (argparse type)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A seed in 0 .. 2^31 - 1 (argparse type)."""
+    value = int(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0 .. {MAX_SEED}, got {text!r}")
+    return value
