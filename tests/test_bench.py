@@ -33,8 +33,9 @@ def test_mixed_bench_compares_with_single_islands_and_the_type_blind_default(tmp
     result = run_bench([str(path)], seeds=1, budget=1.0,
                        methods=["default", "largest-island", "best-island", "auto"])
     rows = {s["method"]: s for s in result["summary"]}
-    assert rows["auto"]["optimal"] == 1
     composed = rows["auto"]["objective_s"]
+    # the composition search is exact over compositions; the bound it reports covers every placement (B5)
+    assert 0 < rows["auto"]["bound_s"] <= composed * (1 + 1e-9)
     # adding the other type never makes the plan slower than any island alone or the type-blind split
     assert composed <= rows["best-island"]["objective_s"] * (1 + 1e-9)
     assert rows["best-island"]["objective_s"] <= rows["largest-island"]["objective_s"] * (1 + 1e-9)

@@ -194,7 +194,9 @@ def test_cost_and_gpu_count_objectives():
     instance = instance_from_dict(mixed_dict(5), "<test>", REPO)
     fastest = solve(instance)
     cheapest = solve(instance, objective="cost")
-    assert cheapest.solver.status == "optimal"
+    # the bound covers every placement (B5), not only compositions: it may leave a gap the search cannot close
+    assert 0 < cheapest.solver.bound_value <= cheapest.solver.objective_value * (1 + 1e-9)
+    assert (cheapest.solver.status == "optimal") == (cheapest.solver.gap <= 1e-9)
     cost = lambda r: objective_value(instance, "cost", r.placement, r.estimate)  # noqa: E731
     assert cost(cheapest) <= cost(fastest) * (1 + 1e-9)
     assert fastest.estimate.iteration_time_s <= cheapest.estimate.iteration_time_s * (1 + 1e-9)
@@ -224,8 +226,8 @@ def test_cli_objective_errors_and_mixed_plan_file(tmp_path):
     assert ok.returncode == 0, ok.stderr
     import json
     solver = json.loads(out.read_text())["solver"]
-    assert solver["objective"] == "cost" and solver["bound_s"] is None and solver["status"] == "optimal"
-    assert solver["objective_value"] == pytest.approx(solver["bound_value"])
+    assert solver["objective"] == "cost" and solver["bound_s"] is None and solver["status"] in ("optimal", "feasible")
+    assert 0 < solver["bound_value"] <= solver["objective_value"] * (1 + 1e-9)
     assert {r["gpu_type"] for r in solver["islands"]} == {"h100-sxm-80gb", "a100-sxm-80gb"}
     # the plan is compared with the default in the objective's unit, not in seconds
     assert "Megatron-style default (best over configurations):" in ok.stdout
