@@ -97,3 +97,6 @@ def test_mixed_types_bound_holds_beyond_compositions(name):
     assert result.solver.bound_s <= better.iteration_time_s * (1 + 1e-9)
     if better.iteration_time_s < ours * (1 - 1e-9):
         assert result.solver.status != "optimal" and result.solver.gap > 0
+    # the default layouts on the fastest GPUs (solvers/search/fastest_first.py) reach the brute-force minimum on
+    # seven of the eight, and mixed_tight0 to 0.15 % (tp 2 over two kinds of A100 node, at another split)
+    assert ours <= better.iteration_time_s * (1.002 if name.endswith("mixed_tight0") else 1 + 1e-9)
