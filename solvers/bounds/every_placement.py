@@ -57,23 +57,25 @@ def work_floor(instance, config: Config) -> float:
     return p.num_micro_batches(job.global_batch_size) * model.num_layers / sum(1 / u for u in stage_paces)
 
 
-def every_placement_bound(instance, value, cap: float, deadline: float = INF) -> float:
+def configuration_floors(instance) -> list[tuple[float, int, Config]]:
+    """Every configuration of every world size the cluster holds (the composition search leaves GPUs idle too)
+    with its work floor W, in W order: (W, index, configuration)."""
+    every = (c for world in range(1, instance.cluster.num_gpus + 1) for c in configurations(instance, world))
+    return sorted(((work_floor(instance, c), k, c) for k, c in enumerate(every)), key=lambda item: item[:2])
+
+
+def every_placement_bound(instance, value, cap: float, deadline: float = INF, floors: list | None = None) -> float:
     """B5 in the objective's unit, at most `cap` (the plan's own value: a bound that reaches it proves the plan
     optimal). `value(config, time_s)`: the objective's lower bound for a plan of `config` taking at least
-    `time_s` (INF where no such plan can count, e.g. one too slow for a required throughput)."""
-    floors = sorted(((value(c, work_floor(instance, c)), k, c) for k, c in enumerate(_every_configuration(instance))),
-                    key=lambda item: item[:2])
+    `time_s` (INF where no such plan can count, e.g. one too slow for a required throughput). `floors`:
+    configuration_floors(instance), if the caller has them."""
+    ordered = sorted(((value(c, w), k, c, w) for w, k, c in floors or configuration_floors(instance)),
+                     key=lambda item: item[:2])  # the value may weigh configurations apart (cost: by GPUs)
     best = cap
-    for floor, _, config in floors:
+    for floor, _, config, w in ordered:
         if floor >= best:
             break
         if time.perf_counter() > deadline:
             return floor  # every configuration left is at least its floor, and they come in that order
-        best = min(best, value(config, max(fast_bound(instance, config), work_floor(instance, config))))
+        best = min(best, value(config, max(fast_bound(instance, config), w)))
     return best
-
-
-def _every_configuration(instance):
-    """Every configuration of every world size the cluster holds (the composition search leaves GPUs idle)."""
-    for world in range(1, instance.cluster.num_gpus + 1):
-        yield from configurations(instance, world)

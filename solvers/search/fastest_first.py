@@ -16,9 +16,9 @@ from formulation.evaluate import evaluate
 from formulation.physics import moe_cost
 from formulation.placement import default_split
 from formulation.programs.islands import find_islands
-from formulation.space import Config, configurations, memory_feasible, placement_for
+from formulation.space import Config, memory_feasible, placement_for
 
-from solvers.bounds.every_placement import work_floor
+from solvers.bounds.every_placement import configuration_floors
 
 
 def fastest_gpus(instance) -> list[int]:
@@ -32,17 +32,15 @@ def fastest_gpus(instance) -> list[int]:
                                                           -cluster.gpu_type_of(g).memory_gib, g))
 
 
-def fastest_first(instance, incumbent_s: float, deadline: float = float("inf")):
+def fastest_first(instance, incumbent_s: float, deadline: float = float("inf"), floors: list | None = None):
     """The fastest fitting default placement on the fastest GPUs over every world size, if it beats
-    `incumbent_s`: (placement, estimate), else None. Configurations go in the order of their work floor, and
-    stop once it reaches the best time found (or at `deadline`)."""
+    `incumbent_s`: (placement, estimate), else None. Configurations go in the order of their work floor
+    (`floors`: configuration_floors(instance), if the caller has them), and stop once it reaches the best time
+    found (or at `deadline`)."""
     order = fastest_gpus(instance)
     island_of = {g: isl for isl in find_islands(instance.cluster) for g in isl.gpus(instance.cluster)}
-    floors = sorted(((work_floor(instance, c), k, c) for k, c in enumerate(
-        c for world in range(1, instance.cluster.num_gpus + 1) for c in configurations(instance, world))),
-        key=lambda item: item[:2])
     best, best_s = None, incumbent_s
-    for floor, _, config in floors:
+    for floor, _, config in floors or configuration_floors(instance):
         if floor >= best_s or time.perf_counter() > deadline:
             break
         split = default_split(instance.model.num_layers, config.pp, config.vpp)

@@ -10,7 +10,7 @@ from formulation.programs.composition import island_tables
 from formulation.programs.islands import find_islands
 from formulation.physics.memory import stage_memory
 
-from solvers.bounds.every_placement import INF, every_placement_bound
+from solvers.bounds.every_placement import INF, configuration_floors, every_placement_bound
 from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
 from solvers.search.objectives import OBJECTIVES
@@ -70,12 +70,13 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
         return _default_in_time(instance, default, f"islands-{backend}", str(exc), start, seed)
     best = found.ranked[0]
     default = _type_blind_default(instance)
-    outside = _plan_outside(instance, goal, best.value, default, start + time_limit if time_limit else INF)
+    floors = configuration_floors(instance)  # both below take every configuration in work-floor order
+    outside = _plan_outside(instance, goal, best.value, default, start + time_limit if time_limit else INF, floors)
     plan_value = outside[0][1].iteration_time_s if outside else best.value
     # (B5): the composition search is exact over compositions only; the bound, and so the status, must hold for
     # every placement (its own bound covers the compositions, B5 every configuration of any world size)
     raw_bound = min(found.bound, _every_placement_bound(instance, goal, plan_value, required_tokens_per_s,
-                                                        start, time_limit))
+                                                        start, time_limit, floors))
     gap_fraction, status = closing_status(plan_value, raw_bound, found.stopped)
     value, bound = goal.reported(best.value, raw_bound, best.placement)
     islands = island_report(instance, best.placement, found.islands, objective)
@@ -98,7 +99,7 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
                       examined=found.solved, fitting=len(found.ranked), history=found.history, default=default)
 
 
-def _plan_outside(instance, goal, composed: float, type_blind, deadline: float):
+def _plan_outside(instance, goal, composed: float, type_blind, deadline: float, floors: list):
     """A plan outside the compositions that beats the composed one (time only): ((placement, estimate), what it
     is), the type-blind Megatron default or a default layout on the fastest GPUs; else None."""
     if not goal.value_is_time:
@@ -106,7 +107,7 @@ def _plan_outside(instance, goal, composed: float, type_blind, deadline: float):
     out = None
     if type_blind is not None and type_blind[1].iteration_time_s < composed:
         out, composed = (type_blind, "the type-blind Megatron default"), type_blind[1].iteration_time_s
-    faster = fastest_first(instance, composed, deadline)
+    faster = fastest_first(instance, composed, deadline, floors)
     return (faster, "a default layout on the cluster's fastest GPUs") if faster is not None else out
 
 
@@ -128,7 +129,7 @@ def _search_note(found, islands: list, goal, required_tokens_per_s, raw_bound: f
 
 
 def _every_placement_bound(instance, goal, plan_value: float, required_tokens_per_s, start: float,
-                           time_limit: float | None) -> float:
+                           time_limit: float | None, floors: list) -> float:
     """(B5) in the objective's unit, at most `plan_value`, within what is left of the time limit."""
     max_time = goal.max_time(instance, required_tokens_per_s)
     cheapest = min(g.price_per_hour for g in instance.cluster.gpu_types.values()) / 3600.0
@@ -139,7 +140,7 @@ def _every_placement_bound(instance, goal, plan_value: float, required_tokens_pe
         world = config.tp * config.cp * config.dp * config.pp
         return goal.of_time(time_s, instance, world, world * cheapest, max_time)
 
-    return every_placement_bound(instance, value, plan_value, start + time_limit if time_limit else INF)
+    return every_placement_bound(instance, value, plan_value, start + time_limit if time_limit else INF, floors)
 
 
 def _default_in_time(instance, default, method: str, why: str, start: float, seed: int) -> PlanResult:
