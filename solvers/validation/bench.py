@@ -83,10 +83,11 @@ def _run(instance, method: str, seed: int, budget: float, earlier: dict | None =
         found, isl = min(runs, key=lambda r: r[0].ranked[0].estimate.iteration_time_s)
         best = found.ranked[0].estimate
         wall = time.perf_counter() - started
-        return {"objective_s": best.iteration_time_s, "bound_s": found.bound,
-                "gap": (best.iteration_time_s - found.bound) / best.iteration_time_s,
+        # the composition search proves its optimum over compositions only (a stage of 3 GPUs on 8-GPU nodes is
+        # none): no bound or proof is claimed for an island alone (solvers/bounds/every_placement.py)
+        return {"objective_s": best.iteration_time_s, "bound_s": None, "gap": None,
                 "wall_s": wall, "history": [(wall, best.iteration_time_s)],
-                "status": found.status, "reported": f"islands, {isl.describe(instance.cluster)} only",
+                "status": "feasible", "reported": f"islands, {isl.describe(instance.cluster)} only",
                 "tokens_per_s": best.tokens_per_s}
     kwargs = {"seed": seed}
     if method.endswith("@budget"):
