@@ -51,9 +51,10 @@ def work_floor(instance, config: Config) -> float:
     kinds = (None,) if model.moe is None else tuple({"moe" if x else "dense" for x in model.moe.layer_pattern})
     pace = {name: min(3 * moe_cost.layer_compute(model, job, p, gpu_type, kind).forward for kind in kinds)
             for name, gpu_type in cluster.gpu_types.items()}
-    # the world's fastest GPUs, in stages of S: each stage runs at its slowest member's pace
-    fastest = sorted(pace[cluster.gpu_type_of(g).name] for g in range(cluster.num_gpus))[:world]
-    stage_paces = [max(fastest[i:i + world // config.pp]) for i in range(0, world, world // config.pp)]
+    # the world's fastest GPUs in speed order, in stages of S: each stage runs at its last (slowest) member's pace
+    fastest = sorted(pace[node.gpu_type] for node in cluster.nodes for _ in range(node.num_gpus))[:world]
+    size = world // config.pp
+    stage_paces = fastest[size - 1::size]
     return p.num_micro_batches(job.global_batch_size) * model.num_layers / sum(1 / u for u in stage_paces)
 
 

@@ -61,9 +61,9 @@ def _outside_compositions(placement, island_of: dict) -> bool:
     """Whether some stage spans two islands or holds a part of a node that does not tile it (3 GPUs of 4): the
     layouts the composition search cannot express. Any other stage is a slot of one island, and there the
     composition program has chosen the stages' islands and the layer split optimally."""
+    size = placement.tp * placement.cp * placement.dp
     for j in range(placement.pp):
         islands = {island_of[int(g)] for g in placement.stage_gpus(j)}
-        size = placement.tp * placement.cp * placement.dp
         if len(islands) > 1 or any(size % isl.gpus_per_node and isl.gpus_per_node % size for isl in islands):
             return True
     return False
