@@ -7,38 +7,55 @@ they were, by 0.5-5.7%, while the search said optimal with gap 0. So the status 
 from this bound, which holds for every placement of every configuration, of any world size (the composition
 search leaves GPUs idle too):
 
-    B5 = min over configurations c of value(c, max(B1(c), W(c))),
+    B5 = min over configurations c of value(c, max(B1(c), W(c), T(c))),
 
-B1 (solvers/bounds/configs.py `fast_bound`) and the work floor W below each being valid for every layer partition and GPU map of c: the fastest
-GPU type's compute, the largest memory, the fastest links for B1. The value of a time is the objective's, monotone in
-the time (Objective.of_time), with the used GPUs priced at least at the cheapest type's price.
+B1 (solvers/bounds/configs.py `fast_bound`), the work floor W and the typed bound T below each being valid for
+every layer partition and GPU map of c. The value of a time is the objective's, monotone in the time
+(Objective.of_time), with the used GPUs priced at least at the cheapest type's price.
 
-B1 charges every stage the fastest type's compute, which on 32 A100s and 32 H100s leaves a third of the gap
-open; the work floor charges each stage its slowest member's,
+Speed order. Take the world's w GPUs as the cluster's w fastest, in stages of S in speed order: the k-th stage's
+slowest member is then the (k S)-th fastest GPU. In any placement, the k fastest stages hold k S GPUs each no
+slower than the k-th stage's slowest, so its k-th fastest stage is no faster than this grouping's k-th: the
+grouping's stage paces are below any placement's, sorted against sorted.
 
-    W(c) = m x L / sum over stages j of 1 / u_j,
+W, the work floor. u_j the per-layer compute (3 x forward, of the model's fastest layer kind) of the grouping's
+stage j, sorted. With l_j layers on stage j, t_j >= l_j u_j, and the schedule (C9) is (m - 1/v) max t + (sum t)/v.
+Over real l_j that is least where the j fastest stages hold every layer at one level L / sum_{i<=j} 1/u_i (a
+vertex of the LP), so
 
-u_j the per-layer compute (3 x forward, of the model's fastest layer kind) of the slowest GPU of stage j when the world's
-w GPUs are the cluster's w fastest, taken in stages of S in speed order: that grouping maximises sum 1 / u_j,
-and with l_j layers on stage j the slowest stage takes max_j l_j u_j >= L / sum 1 / u_j per micro-batch (C9:
-m micro-batches through the slowest stage; recompute and communication only add). Each configuration is
-charged max(B1, W). W is far cheaper than B1: configurations are taken in the order of their W and the loop stops
-once W reaches the smallest value found, since no later configuration can go below it. A deadline stops it
-early; the bound is then the smallest of the values found and the next configuration's W, still valid.
+    W(c) = min over j of L / (sum_{i<=j} 1 / u_i) x (m + (j - 1) / v) + the least per-iteration overhead,
 
-Measured: on 208 random 4-8-GPU clusters (one or several types, uneven nodes, one-way links, MoE) B5 never
-exceeded the brute-force minimum over tp-in-node placements of any world size (median 0.965 of it).
-On a100_h100_64 it is 16.15 s against the plan's 21.24 s, on mixed_256 17.06 s against 23.01 s."""
+m x L / sum 1 / u_j and the bubble; recompute and communication only add. W is far cheaper than the others:
+configurations are taken in the order of their W and the loop stops once W reaches the smallest value found,
+since no later configuration can go below it. A deadline stops it early; the bound is then the smallest of the
+values found and the next configuration's W, still valid.
+
+T, the typed bound. B1 prices every stage at the fastest type, W prices compute alone; T prices each of the
+grouping's stages at the whole layer time (compute and the best groups' communication, as B1) of its slowest
+member's type, every stage at the largest memory cap and wherever it sits (`least_slowest_stage` is then
+symmetric in the stages), plus B1's chain, and the least over GPU types of B1's dp exposure, optimizer step and
+overhead (a slower type hides more of the dp sync behind its longer backward). With dense and MoE layers the
+stages off the fastest type are priced at the least of theirs (`Parts.pipeline_any`).
+
+Measured: on 206 random 4-8-GPU clusters (one or several types, uneven nodes, one-way links, MoE) B5 never
+exceeded the brute-force minimum over tp-in-node placements of any world size (median 0.994 of it, 0.965
+before T and W's bubble; docs/independent_check/check_b5.py). On a100_h100_64 it is 16.15 s against the plan's 21.24 s, on mixed_256 17.06 s against 23.01 s."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from formulation.physics import moe_cost
+import numpy as np
+
+from formulation.physics import cost, moe_cost
 from formulation.placement import even_split
 from formulation.space import Config, configurations, placement_for
 
 from solvers.bounds.configs import fast_bound
+from solvers.bounds.kinds import least_optimizer_step
+from solvers.bounds.parts import stage_parts
+from solvers.bounds.slowest import least_slowest_stage
 
 INF = float("inf")
 
@@ -55,7 +72,41 @@ def work_floor(instance, config: Config) -> float:
     fastest = sorted(pace[node.gpu_type] for node in cluster.nodes for _ in range(node.num_gpus))[:world]
     size = world // config.pp
     stage_paces = fastest[size - 1::size]
-    return p.num_micro_batches(job.global_batch_size) * model.num_layers / sum(1 / u for u in stage_paces)
+    m, v, L = p.num_micro_batches(job.global_batch_size), config.vpp, model.num_layers
+    # (C9) over real layer counts: the least (m - 1/v) max_j t_j + sum_j t_j / v lies where the j fastest stages
+    # hold every layer at one level L / sum_{i<=j} 1/u_i, for some j (an LP's vertex)
+    reach = np.cumsum([1 / u for u in stage_paces])
+    pipe = min(L / r * (m + j / v) for j, r in enumerate(reach))
+    return pipe + min(g.iteration_overhead_s for g in cluster.gpu_types.values())
+
+
+def typed_bound(instance, config: Config) -> float:
+    """T(c): (C9)-(C14) at the best links, each stage priced at the layer time of the GPU type it must run at
+    when the world's fastest GPUs are taken in stages in speed order (module docstring)."""
+    cluster, job, model = instance.cluster, instance.training, instance.model
+    b = stage_parts(instance, config)
+    world, P, v, L = config.tp * config.cp * config.dp * config.pp, config.pp, config.vpp, model.num_layers
+    pace = {name: cost.layer_compute(model, job, b.placement, g).forward for name, g in cluster.gpu_types.items()}
+    unit = {name: replace(b, gpu_type=g, _constants={}).unit(b.tp, b.cp, b.ag, b.rs)
+            for name, g in cluster.gpu_types.items()}
+    # a stage runs at its slowest member's type (by forward compute, evaluate._slowest_type): at least the least
+    # layer time of the types no faster than that one
+    floor = {name: min(unit[o] for o in pace if pace[o] >= pace[name]) for name in pace}
+    fastest = sorted((pace[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]
+    us = [floor[name] for _, name in fastest[world // P - 1::world // P]]
+    u = min(us)
+    if b.kinds is None:  # every stage at the largest cap and no extra: the slowest stage wherever each sits
+        M = least_slowest_stage(us, [0.0] * P, [max(b.caps)] * P, L, v)
+        S = u * L + sum(b.extras) + sum(x - u for x in us) * v  # each stage holds at least v layers
+        pipe = INF if M == INF else b.m * M + (max(S, M) - M) / v
+    else:  # (E1) two levels: the stages off the fastest unit at the least of theirs
+        slow = [x for x in us if x > u]
+        pipe = replace(b, u=u).pipeline_any(len(slow), min(slow, default=u))
+    # a slower type hides more of the dp sync behind its longer backward: the least over types
+    dp = min(replace(b, gpu_type=g, _constants={}).dp_floor() for g in cluster.gpu_types.values())
+    fixed = min(least_optimizer_step(instance, b.placement, g) for g in cluster.gpu_types.values())
+    overhead = min(g.iteration_overhead_s for g in cluster.gpu_types.values())
+    return pipe + b.chain() + dp + fixed + overhead
 
 
 def configuration_floors(instance) -> list[tuple[float, int, Config]]:
@@ -78,5 +129,7 @@ def every_placement_bound(instance, value, cap: float, deadline: float = INF, fl
             break
         if time.perf_counter() > deadline:
             return floor  # every configuration left is at least its floor, and they come in that order
-        best = min(best, value(config, max(fast_bound(instance, config), w)))
+        known = max(typed_bound(instance, config), w)
+        if value(config, known) < best:  # B1 costs about three times T: only where T leaves room
+            best = min(best, value(config, max(known, fast_bound(instance, config))))
     return best

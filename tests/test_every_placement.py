@@ -1,0 +1,88 @@
+"""The (B5) pieces on clusters of several GPU types, against placements scored by the evaluator.
+
+Each configuration's work floor W (with its bubble) and typed bound T must stay below every placement of that
+configuration that fits: every layer split, with the GPUs in speed order, in reverse speed order and in random
+orders over random subsets of the cluster (the composition search and the fastest-first layouts both leave GPUs
+idle, so the world may be smaller than the cluster). The clusters are the eight where the search once claimed
+a false optimum (tests/repro/mixed_types_*.json). The exhaustive check over every map is
+docs/independent_check/check_b5.py (206 instances, 0 above the brute-force minimum, 2026-11-27).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from pathlib import Path
+
+import pytest
+from test_bounds import splits
+
+from formulation import evaluate, load_instance
+from formulation.physics import cost
+from formulation.space import configurations, placement_for
+from solvers.bounds.configs import fast_bound
+from solvers.bounds.every_placement import every_placement_bound, typed_bound, work_floor
+
+REPRO = Path(__file__).resolve().parent / "repro"
+MIXED = sorted(p.stem for p in REPRO.glob("mixed_types_*.json") if not p.stem.endswith("_better"))
+
+
+def _maps(instance, world: int, rng: random.Random, count: int):
+    """GPU orders of `world` GPUs: fastest first, slowest first, and `count` random subsets in random order."""
+    cluster = instance.cluster
+    some = next(iter(configurations(instance, 1)))
+    probe = placement_for(some, (instance.model.num_layers,), range(1))
+    pace = [cost.layer_compute(instance.model, instance.training, probe,
+                               cluster.gpu_types[cluster.nodes[cluster.gpu_node[g]].gpu_type]).forward
+            for g in range(cluster.num_gpus)]
+    by_speed = sorted(range(cluster.num_gpus), key=lambda g: (pace[g], g))
+    yield tuple(by_speed[:world])
+    yield tuple(reversed(by_speed[-world:]))
+    for _ in range(count):
+        yield tuple(rng.sample(range(cluster.num_gpus), world))
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_work_floor_and_typed_bound_stay_below_every_fitting_placement(name):
+    instance = load_instance(REPRO / f"{name}.json")
+    rng = random.Random(name)
+    checked = 0
+    for world in range(1, instance.cluster.num_gpus + 1):
+        for config in configurations(instance, world):
+            floor = max(work_floor(instance, config), typed_bound(instance, config))
+            maps = list(_maps(instance, world, rng, 6))
+            for split in splits(instance.model.num_layers, config.pp, config.vpp):
+                probe = placement_for(config, split, range(world))
+                for gpus in maps:
+                    est = evaluate(instance, dataclasses.replace(probe, gpus=gpus), check=False)
+                    if est.fits:
+                        assert floor <= est.iteration_time_s * (1 + 1e-9), (config, split, gpus, floor,
+                                                                           est.iteration_time_s)
+                        checked += 1
+    assert checked >= 50, checked
+
+
+def test_typed_bound_is_stronger_than_the_fastest_type_bounds_somewhere():
+    """Not a restatement: on these clusters T exceeds both (B1) and W on many configurations."""
+    stronger = total = 0
+    for name in MIXED:
+        instance = load_instance(REPRO / f"{name}.json")
+        for config in configurations(instance):
+            old = max(fast_bound(instance, config), work_floor(instance, config))
+            if math.isinf(old):
+                continue
+            total += 1
+            stronger += typed_bound(instance, config) > old * (1 + 1e-9)
+    assert stronger >= total // 4, (stronger, total)
+
+
+def test_every_placement_bound_stays_below_the_faster_placements():
+    """B5 (the least over every configuration of every world size) against the placements that beat the old
+    composition proof: each fits, and B5 is below it, however much tighter T makes B5."""
+    from formulation.placement import load_placement
+    for name in MIXED:
+        instance = load_instance(REPRO / f"{name}.json")
+        better = evaluate(instance, load_placement(REPRO / f"{name}_better.json", instance))
+        bound = every_placement_bound(instance, lambda config, time_s: time_s, math.inf)
+        assert better.fits and bound <= better.iteration_time_s * (1 + 1e-9), (name, bound)
