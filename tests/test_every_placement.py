@@ -11,6 +11,7 @@ docs/independent_check/check_b5.py (206 instances, 0 above the brute-force minim
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from pathlib import Path
@@ -23,6 +24,7 @@ from formulation.physics import cost
 from formulation.space import configurations, placement_for
 from solvers.bounds.configs import fast_bound
 from solvers.bounds.every_placement import every_placement_bound, typed_bound, work_floor
+from solvers.bounds.slowest import least_slowest_stage_any_order
 
 REPRO = Path(__file__).resolve().parent / "repro"
 MIXED = sorted(p.stem for p in REPRO.glob("mixed_types_*.json") if not p.stem.endswith("_better"))
@@ -86,3 +88,19 @@ def test_every_placement_bound_stays_below_the_faster_placements():
         better = evaluate(instance, load_placement(REPRO / f"{name}_better.json", instance))
         bound = every_placement_bound(instance, lambda config, time_s: time_s, math.inf)
         assert better.fits and bound <= better.iteration_time_s * (1 + 1e-9), (name, bound)
+
+
+def test_least_slowest_stage_any_order_against_enumeration():
+    """The least slowest stage over every order of the per-layer times (T's pipeline) against every permutation
+    and every split, with per-position extras and memory caps."""
+    rng = random.Random(5)
+    for _ in range(200):
+        P, step = rng.randint(1, 4), rng.choice([1, 2])
+        layers = step * rng.randint(P, 6)
+        us = [rng.choice([0.7, 1.0, rng.uniform(0.5, 3.0)]) for _ in range(P)]
+        extras = [rng.choice([0.0, 0.0, rng.uniform(0, 3)]) for _ in range(P)]
+        caps = [rng.randint(step - 1 if rng.random() < 0.1 else step, layers) for _ in range(P)]
+        expected = min((max(q * u + e for q, u, e in zip(split, order, extras))
+                        for order in itertools.permutations(us) for split in splits(layers, P, step)
+                        if all(q <= c for q, c in zip(split, caps))), default=math.inf)
+        assert least_slowest_stage_any_order(us, extras, caps, layers, step) == pytest.approx(expected)

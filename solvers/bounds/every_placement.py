@@ -7,11 +7,14 @@ they were, by 0.5-5.7%, while the search said optimal with gap 0. So the status 
 from this bound, which holds for every placement of every configuration, of any world size (the composition
 search leaves GPUs idle too):
 
-    B5 = min over configurations c of value(c, max(B1(c), W(c), T(c))),
+    B5 = min over configurations c of value(c, max(W(c), T(c))),
 
-B1 (solvers/bounds/configs.py `fast_bound`), the work floor W and the typed bound T below each being valid for
-every layer partition and GPU map of c. The value of a time is the objective's, monotone in the time
-(Objective.of_time), with the used GPUs priced at least at the cheapest type's price.
+the work floor W and the typed bound T below each being valid for every layer partition and GPU map of c. The
+value of a time is the objective's, monotone in the time (Objective.of_time), with the used GPUs priced at least
+at the cheapest type's price. The one-type bound (B1, solvers/bounds/configs.py) is not among them: it prices
+every term at one "fastest" type, and across types no type is fastest at everything. On moe_mixed13 (V100 and
+H100 PCIe, a small MoE model) the V100's layers are the quicker but its output layer and optimizer step the
+slower, and B1 of tp1 pp2 came out at 0.09670 s against a fitting placement on the two H100s at 0.09612 s.
 
 Speed order. Take the world's w GPUs as the cluster's w fastest, in stages of S in speed order: the k-th stage's
 slowest member is then the (k S)-th fastest GPU. In any placement, the k fastest stages hold k S GPUs each no
@@ -25,21 +28,25 @@ vertex of the LP), so
 
     W(c) = min over j of L / (sum_{i<=j} 1 / u_i) x (m + (j - 1) / v) + the least per-iteration overhead,
 
-m x L / sum 1 / u_j and the bubble; recompute and communication only add. W is far cheaper than the others:
+m x L / sum 1 / u_j and the bubble; recompute and communication only add. W is far cheaper than T:
 configurations are taken in the order of their W and the loop stops once W reaches the smallest value found,
 since no later configuration can go below it. A deadline stops it early; the bound is then the smallest of the
 values found and the next configuration's W, still valid.
 
-T, the typed bound. B1 prices every stage at the fastest type, W prices compute alone; T prices each of the
-grouping's stages at the whole layer time (compute and the best groups' communication, as B1) of its slowest
-member's type, every stage at the largest memory cap and wherever it sits (`least_slowest_stage` is then
-symmetric in the stages), plus B1's chain, and the least over GPU types of B1's dp exposure, optimizer step and
-overhead (a slower type hides more of the dp sync behind its longer backward). With dense and MoE layers the
-stages off the fastest type are priced at the least of theirs (`Parts.pipeline_any`).
+T, the typed bound. W prices compute alone. T prices each of the grouping's stages at the whole layer time
+(compute and the best groups' communication, as B1) of its type, and takes the least slowest stage over every
+order of those times along the pipeline (an assignment problem per level: `least_slowest_stage_any_order`),
+each position with its own memory cap (at the largest memory) and the last its output layer (at the type where
+it is cheapest). It adds B1's send/receive chain at the fastest pair and, over the GPU types, the least dp
+exposure (a slower type hides more of the dp sync behind its longer backward), optimizer step and overhead.
+With dense and MoE layers the stages off the fastest type are priced at the least of theirs
+(`Parts.pipeline_any`). A type's figure is the least over the types no faster than it by the evaluator's key,
+so that a figure which does not follow the key stays a floor.
 
 Measured: on 206 random 4-8-GPU clusters (one or several types, uneven nodes, one-way links, MoE) B5 never
-exceeded the brute-force minimum over tp-in-node placements of any world size (median 0.994 of it, 0.965
-before T and W's bubble; docs/independent_check/check_b5.py). On a100_h100_64 it is 16.15 s against the plan's 21.24 s, on mixed_256 17.06 s against 23.01 s."""
+exceeded the brute-force minimum over tp-in-node placements of any world size (median 0.992 of it, as with
+B1 and W alone: there the types' layer times weigh little; docs/independent_check/check_b5.py). On a100_h100_64 it is 20.20 s against the plan's 21.24
+s (16.15 s before T), on mixed_256 20.95 s against 23.01 s (17.06 s)."""
 
 from __future__ import annotations
 
@@ -48,16 +55,28 @@ from dataclasses import replace
 
 import numpy as np
 
-from formulation.physics import cost, moe_cost
+from formulation.physics import moe_cost
+from formulation.physics.stage import stage_constants
 from formulation.placement import even_split
 from formulation.space import Config, configurations, placement_for
 
-from solvers.bounds.configs import fast_bound
 from solvers.bounds.kinds import least_optimizer_step
 from solvers.bounds.parts import stage_parts
-from solvers.bounds.slowest import least_slowest_stage
+from solvers.bounds.slowest import least_slowest_stage_any_order
 
 INF = float("inf")
+
+
+def _stage_floors(instance, p, world: int, of_type: dict) -> list[float]:
+    """The speed-order grouping's stages, each at `of_type`'s least figure over the GPU types no faster than its
+    slowest member's (a stage runs at its slowest member's type, by evaluate._slowest_type's key; a figure need
+    not follow that key, hence the least over the slower types): sorted, as the module docstring compares them."""
+    cluster, model, job = instance.cluster, instance.model, instance.training
+    key = {name: moe_cost.layer_compute(model, job, p, g).forward for name, g in cluster.gpu_types.items()}
+    floor = {name: min(of_type[o] for o in key if key[o] >= key[name]) for name in key}
+    fastest = sorted((key[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]
+    size = world // p.pp
+    return sorted(floor[name] for _, name in fastest[size - 1::size])
 
 
 def work_floor(instance, config: Config) -> float:
@@ -68,10 +87,7 @@ def work_floor(instance, config: Config) -> float:
     kinds = (None,) if model.moe is None else tuple({"moe" if x else "dense" for x in model.moe.layer_pattern})
     pace = {name: min(3 * moe_cost.layer_compute(model, job, p, gpu_type, kind).forward for kind in kinds)
             for name, gpu_type in cluster.gpu_types.items()}
-    # the world's fastest GPUs in speed order, in stages of S: each stage runs at its last (slowest) member's pace
-    fastest = sorted(pace[node.gpu_type] for node in cluster.nodes for _ in range(node.num_gpus))[:world]
-    size = world // config.pp
-    stage_paces = fastest[size - 1::size]
+    stage_paces = _stage_floors(instance, p, world, pace)
     m, v, L = p.num_micro_batches(job.global_batch_size), config.vpp, model.num_layers
     # (C9) over real layer counts: the least (m - 1/v) max_j t_j + sum_j t_j / v lies where the j fastest stages
     # hold every layer at one level L / sum_{i<=j} 1/u_i, for some j (an LP's vertex)
@@ -83,29 +99,27 @@ def work_floor(instance, config: Config) -> float:
 def typed_bound(instance, config: Config) -> float:
     """T(c): (C9)-(C14) at the best links, each stage priced at the layer time of the GPU type it must run at
     when the world's fastest GPUs are taken in stages in speed order (module docstring)."""
-    cluster, job, model = instance.cluster, instance.training, instance.model
+    cluster = instance.cluster
+    types = list(cluster.gpu_types.values())
     b = stage_parts(instance, config)
-    world, P, v, L = config.tp * config.cp * config.dp * config.pp, config.pp, config.vpp, model.num_layers
-    pace = {name: cost.layer_compute(model, job, b.placement, g).forward for name, g in cluster.gpu_types.items()}
-    unit = {name: replace(b, gpu_type=g, _constants={}).unit(b.tp, b.cp, b.ag, b.rs)
-            for name, g in cluster.gpu_types.items()}
-    # a stage runs at its slowest member's type (by forward compute, evaluate._slowest_type): at least the least
-    # layer time of the types no faster than that one
-    floor = {name: min(unit[o] for o in pace if pace[o] >= pace[name]) for name in pace}
-    fastest = sorted((pace[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]
-    us = [floor[name] for _, name in fastest[world // P - 1::world // P]]
-    u = min(us)
-    if b.kinds is None:  # every stage at the largest cap and no extra: the slowest stage wherever each sits
-        M = least_slowest_stage(us, [0.0] * P, [max(b.caps)] * P, L, v)
-        S = u * L + sum(b.extras) + sum(x - u for x in us) * v  # each stage holds at least v layers
+    world, P, v, L = config.tp * config.cp * config.dp * config.pp, config.pp, config.vpp, instance.model.num_layers
+    at_type = {g.name: replace(b, gpu_type=g, _constants={}) for g in types}
+    us = _stage_floors(instance, b.placement, world, {name: at.unit(b.tp, b.cp, b.ag, b.rs)
+                                                      for name, at in at_type.items()})
+    u = us[0]
+    # the last stage's output layer (forward + 2x backward) at the type where it is cheapest
+    extras = [0.0] * (P - 1) + [min(3 * stage_constants(instance, b.placement, P - 1, g).output_fwd for g in types)]
+    if b.kinds is None:  # the slowest stage over every order of the stages' types, each position its cap and extra
+        M = least_slowest_stage_any_order(us, extras, b.caps, L, v)
+        S = u * L + sum(extras) + sum(x - u for x in us) * v  # each stage holds at least v layers
         pipe = INF if M == INF else b.m * M + (max(S, M) - M) / v
     else:  # (E1) two levels: the stages off the fastest unit at the least of theirs
         slow = [x for x in us if x > u]
-        pipe = replace(b, u=u).pipeline_any(len(slow), min(slow, default=u))
+        pipe = replace(b, u=u, extras=extras).pipeline_any(len(slow), min(slow, default=u))
     # a slower type hides more of the dp sync behind its longer backward: the least over types
-    dp = min(replace(b, gpu_type=g, _constants={}).dp_floor() for g in cluster.gpu_types.values())
-    fixed = min(least_optimizer_step(instance, b.placement, g) for g in cluster.gpu_types.values())
-    overhead = min(g.iteration_overhead_s for g in cluster.gpu_types.values())
+    dp = min(at.dp_floor() for at in at_type.values())
+    fixed = min(least_optimizer_step(instance, b.placement, g) for g in types)
+    overhead = min(g.iteration_overhead_s for g in types)
     return pipe + b.chain() + dp + fixed + overhead
 
 
@@ -129,7 +143,5 @@ def every_placement_bound(instance, value, cap: float, deadline: float = INF, fl
             break
         if time.perf_counter() > deadline:
             return floor  # every configuration left is at least its floor, and they come in that order
-        known = max(typed_bound(instance, config), w)
-        if value(config, known) < best:  # B1 costs about three times T: only where T leaves room
-            best = min(best, value(config, max(known, fast_bound(instance, config))))
+        best = min(best, value(config, max(typed_bound(instance, config), w)))
     return best

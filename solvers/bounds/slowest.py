@@ -5,6 +5,9 @@ from __future__ import annotations
 import bisect
 import math
 
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
 INF = float("inf")
 
 
@@ -42,6 +45,31 @@ def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], l
                 return False
             room += fit
         return room >= layers
+
+    at = bisect.bisect_left(range(len(levels)), True, key=lambda idx: holds(levels[idx]))
+    return levels[at] if at < len(levels) else INF
+
+
+def least_slowest_stage_any_order(us: list[float], extras: list[float], caps: list[int], layers: int,
+                                  step: int) -> float:
+    """The smallest `least_slowest_stage(us permuted, extras, caps, layers, step)` over every order of `us`: each
+    stage i (its extra and memory cap fixed by its position) gets one of the per-layer times. At a level, the
+    most layers the stages hold over all orders is an assignment problem (stages x times, Hungarian), and that
+    most grows with the level: binary search over the candidate levels, as `least_slowest_stage`."""
+    P = len(us)
+    if not all(math.isfinite(u) and u > 0 for u in us):
+        return INF
+    u_col, e_row = np.asarray(us, dtype=float)[None, :], np.asarray(extras, dtype=float)[:, None]
+    cap_row = np.minimum(np.asarray(caps), layers)[:, None]
+    unusable = -float(layers) * (P + 1)  # a stage that cannot hold `step` layers: no order may leave it so
+    levels = sorted({q * u + e for u in set(us) for e, cap in zip(extras, caps)
+                     for q in range(step, min(cap, layers) + 1, step)})
+
+    def holds(level: float) -> bool:
+        fit = np.minimum(cap_row, np.floor((level * (1 + 1e-12) - e_row) / u_col + 1e-9))
+        fit = np.where(fit >= step, fit // step * step, unusable)
+        rows, cols = linear_sum_assignment(fit, maximize=True)
+        return fit[rows, cols].sum() >= layers
 
     at = bisect.bisect_left(range(len(levels)), True, key=lambda idx: holds(levels[idx]))
     return levels[at] if at < len(levels) else INF
