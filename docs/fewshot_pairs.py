@@ -1,19 +1,24 @@
 """Few-shot calibration measured on every pair (and every 3-, 4- and 6-subset, 60 at most) of runs of each
 visible cluster (source x GPU type, >= 4 runs): which knobs two or more runs can fit.
 
-    python docs/fewshot_pairs.py          # about 4 minutes on 2 cores
+    python docs/fewshot_pairs.py                 # about 4 minutes on 2 cores
+    python docs/fewshot_pairs.py --per-cluster   # two runs, the shipped rule, every pair: per cluster (~12 min)
 
 Each run's iteration time is tabulated on a grid of (log compute scale, log network scale) over the
 leave-one-source-out model (overhead is additive), so that thousands of fits take seconds; each fit is the
 least-squares knob choice on that grid with the same priors as solvers/validation/fewshot.py. Prints, per
 number of calibration runs, the median over clusters of the median |error| of the other runs (and how many
-clusters are above 5%) for: three knobs with the shipped priors, and the compute scale alone.
+clusters are above 5%) for: three knobs with the shipped priors, and the compute scale alone. With
+--per-cluster: for two runs and the compute scale alone (the shipped rule for two runs), per cluster over every
+pair of its runs, the median, quartiles and share of pairs above 5% of the median |error| of its other runs:
+what `solve validate --few-shot`'s one pair (the runs at the quartiles of measured time) is a sample of.
 """
 
 import itertools
 import math
 import random
 import statistics
+import sys
 
 import numpy as np
 from scipy.interpolate import RegularGridInterpolator
@@ -51,11 +56,31 @@ def fit(chosen, all_knobs: bool):
     return i, j, FINE_O[k] * mean_t
 
 
+def per_cluster(clusters: dict) -> None:
+    """Two runs, compute scale alone, every pair of each cluster's runs."""
+    for (family, gpu_type), runs in sorted(clusters.items()):
+        if len(runs) < 4:
+            continue
+        per_pair = []
+        for pair in itertools.combinations(range(len(runs)), 2):
+            i, j, o = fit([runs[k] for k in pair], False)
+            per_pair.append(statistics.median(abs((t[i, j] + o) / m - 1)
+                                              for k, (t, m) in enumerate(runs) if k not in pair))
+        q1, _, q3 = statistics.quantiles(per_pair, n=4)
+        above = sum(e > 0.05 for e in per_pair) / len(per_pair)
+        print(f"{family} ({gpu_type}): {len(runs)} runs, {len(per_pair)} pairs: median "
+              f"{100 * statistics.median(per_pair):.1f}%, quartiles {100 * q1:.1f}-{100 * q3:.1f}%, "
+              f"pairs above 5%: {above:.0%}", flush=True)
+
+
 def main() -> None:
     predictions = [p for p in crossval.cross_validate(crossval.reference_runs()) if p.timed]
     clusters: dict = {}
     for p in predictions:
         clusters.setdefault((p.family, p.run.gpu_type), []).append((tabulate(p), p.run.measured_iter_s))
+    if "--per-cluster" in sys.argv[1:]:
+        per_cluster(clusters)
+        return
     for shots in (2, 3, 4, 6):
         for all_knobs in (True, False):
             medians = []

@@ -45,8 +45,9 @@ so that a figure which does not follow the key stays a floor.
 
 Measured: on 206 random 4-8-GPU clusters (one or several types, uneven nodes, one-way links, MoE) B5 never
 exceeded the brute-force minimum over tp-in-node placements of any world size (median 0.992 of it, as with
-B1 and W alone: there the types' layer times weigh little; docs/independent_check/check_b5.py). On a100_h100_64 it is 20.20 s against the plan's 21.24
-s (16.15 s before T), on mixed_256 20.95 s against 23.01 s (17.06 s)."""
+B1 and W alone: there the types' layer times weigh little; docs/independent_check/check_b5.py). On
+a100_h100_64 it is 20.20 s against the plan's 21.24 s (16.15 s before T), on mixed_256 20.95 s against
+23.01 s (17.06 s)."""
 
 from __future__ import annotations
 
