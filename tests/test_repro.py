@@ -104,7 +104,7 @@ def test_mixed_types_bound_holds_beyond_compositions(name):
 
 def test_bound_only_on_several_gpu_types_keeps_its_bound_below_a_faster_placement():
     """--method bound-only prices its bounds (B1, B2) at one GPU type; on mixed27 that bound was 0.0960 s while a
-    placement on fewer GPUs of mixed types takes 0.0811 s. The reported bound is now at most (B5)."""
+    placement on fewer GPUs of mixed types takes 0.0811 s. The reported bound is now (B5)."""
     instance = load_instance(REPRO / "mixed_types_mixed27.json")
     better = evaluate(instance, load_placement(REPRO / "mixed_types_mixed27_better.json", instance))
     result = solve(instance, method="bound-only")
