@@ -6,7 +6,6 @@ import bisect
 import math
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 INF = float("inf")
 
@@ -56,6 +55,8 @@ def least_slowest_stage_any_order(us: list[float], extras: list[float], caps: li
     stage i (its extra and memory cap fixed by its position) gets one of the per-layer times. At a level, the
     most layers the stages hold over all orders is an assignment problem (stages x times, Hungarian), and that
     most grows with the level: binary search over the candidate levels, as `least_slowest_stage`."""
+    from scipy.optimize import linear_sum_assignment  # here: scipy.optimize takes 0.6 s to import, on every CLI start
+
     P = len(us)
     if not all(math.isfinite(u) and u > 0 for u in us):
         return INF
