@@ -81,30 +81,37 @@ def solve(instance, solver: str | None = None, time_limit: float | None = None, 
     exact = tractable and method in ("auto", "exact")
     backend = _program_backend(backend, exact)
     moves = anneal_moves if anneal_moves != -1 else None if time_limit else ANNEAL_MOVES
-    # on several GPU types (B1), (B2) price each term at one type, and across types none is fastest at everything:
-    # the bound is (B5) over every placement; it goes first, so a time limit cannot leave it no time
-    every = _every_placement(instance, start, time_limit) if is_mixed(instance) else float("inf")
+    every = _every_placement(instance, start, time_limit) if is_mixed(instance) else None  # first: see _claim
     left = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))  # after setup
     found = search(instance, solver=backend, time_limit_s=left, threads=threads, seed=seed, top=max(1, top),
                    progress=progress, exact=exact, refine=not annealing, anneal_moves=0 if exact else moves,
                    program_limit_s=AUTO_PROGRAM_LIMIT_S if automatic and time_limit is None else None)
     best = found.ranked[0]
     objective = best.estimate.iteration_time_s
-    bound, status = found.bound_s, found.status
+    bound, status, claim = _claim(found, objective, every)
     method, note = _search_note(instance, found, method, backend, exact, tractable, moves, seed, time_limit)
-    if is_mixed(instance):  # the search's own bound may exceed a placement that mixes types; (B5) cannot
-        bound, closed = every, closing_status(objective, every, "")[1]
-        status = closed if closed == "optimal" or status == "optimal" else status
-        note += f"; on several GPU types the bound is (B5) over every placement (the search's own: {found.bound_s:.6g})"
     gap = (objective - bound) / objective
     report = SolverReport(method=method, status=status, objective_s=objective,
                           bound_s=bound, gap=max(0.0, gap), wall_time_s=time.perf_counter() - start,
-                          seed=seed, note=note)
+                          seed=seed, note=note + claim)
     default = found.best_default
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                       alternatives=[(c.placement, c.estimate) for c in found.ranked[1:]],
                       examined=found.examined, fitting=len(found.ranked),
                       default=default.megatron if default else None, history=found.history)
+
+
+def _claim(found, objective: float, every: float | None) -> tuple[float, str, str]:
+    """The bound, the status and what the note adds. On several GPU types the bound is (B5) over every placement
+    (`every`): the search's own (B1, B2) prices each term at one type, and across types none is fastest at
+    everything, so it may exceed a placement that mixes types. B5 is computed before the search, so that a time
+    limit cannot leave it no time."""
+    if every is None:
+        return found.bound_s, found.status, ""
+    closed = closing_status(objective, every, "")[1]
+    status = closed if closed == "optimal" or found.status == "optimal" else found.status
+    return every, status, (f"; on several GPU types the bound is (B5) over every placement (the search's own: "
+                           f"{found.bound_s:.6g})")
 
 
 def _every_placement(instance, start: float, time_limit: float | None) -> float:
