@@ -86,10 +86,15 @@ class Estimate:
         return list(interval) if interval else None
 
 
+def type_pace(model, job, p, gpu_type) -> float:
+    """The key by which a stage runs at its slowest GPU type: one layer's forward compute on it (the bounds over
+    several GPU types order the types by this same key, solvers/bounds/every_placement.py)."""
+    return moe_cost.layer_compute(model, job, p, gpu_type).forward
+
+
 def _slowest_type(cluster, gpus: np.ndarray, model, job, p):
     types = {cluster.nodes[n].gpu_type for n in np.unique(cluster.gpu_node[gpus])}
-    return max((cluster.gpu_types[t] for t in sorted(types)),
-               key=lambda g: moe_cost.layer_compute(model, job, p, g).forward)
+    return max((cluster.gpu_types[t] for t in sorted(types)), key=lambda g: type_pace(model, job, p, g))
 
 
 def _stage_memory(instance, p, stage, layers, gpus, dense_layers: int = 0, plain=None,

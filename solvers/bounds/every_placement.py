@@ -56,6 +56,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from formulation.evaluate import type_pace
 from formulation.physics import moe_cost
 from formulation.physics.stage import stage_constants
 from formulation.placement import even_split
@@ -73,7 +74,7 @@ def _stage_floors(instance, p, world: int, of_type: dict) -> list[float]:
     slowest member's (a stage runs at its slowest member's type, by evaluate._slowest_type's key; a figure need
     not follow that key, hence the least over the slower types): sorted, as the module docstring compares them."""
     cluster, model, job = instance.cluster, instance.model, instance.training
-    key = {name: moe_cost.layer_compute(model, job, p, g).forward for name, g in cluster.gpu_types.items()}
+    key = {name: type_pace(model, job, p, g) for name, g in cluster.gpu_types.items()}
     floor = {name: min(of_type[o] for o in key if key[o] >= key[name]) for name in key}
     fastest = sorted((key[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]
     size = world // p.pp
