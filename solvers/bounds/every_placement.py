@@ -104,7 +104,7 @@ def typed_bound(instance, config: Config) -> float:
     cluster = instance.cluster
     types = list(cluster.gpu_types.values())
     b = stage_parts(instance, config)
-    world, P, v, L = config.tp * config.cp * config.dp * config.pp, config.pp, config.vpp, instance.model.num_layers
+    world, P, v, L = b.placement.world_size, config.pp, config.vpp, instance.model.num_layers
     at_type = {g.name: replace(b, gpu_type=g, _constants={}) for g in types}
     us = _stage_floors(instance, b.placement, world, {name: at.unit(b.tp, b.cp, b.ag, b.rs)
                                                       for name, at in at_type.items()})
@@ -114,7 +114,7 @@ def typed_bound(instance, config: Config) -> float:
     if b.kinds is None:  # the slowest stage over every order of the stages' types, each position its cap and extra
         M = least_slowest_stage_any_order(us, extras, b.caps, L, v)
         S = u * L + sum(extras) + sum(x - u for x in us) * v  # each stage holds at least v layers
-        pipe = INF if M == INF else b.m * M + (max(S, M) - M) / v
+        pipe = b.schedule(M, S)
     else:  # (E1) two levels: the stages off the fastest unit at the least of theirs
         slow = [x for x in us if x > u]
         pipe = replace(b, u=u, extras=extras).pipeline_any(len(slow), min(slow, default=u))

@@ -187,14 +187,15 @@ class Parts(KindBounds):
             M, saved = least_slowest_stage(us, self.extras, self.caps, L, v, fixed), 0.0
         else:  # (E1) each stage's layers by kind; the model's dense layers save at most their count x the most
             M = self.kinds.least_slowest_stage(us, self.extras, fixed)
-            saved = self.instance.model.num_layers - self.instance.model.moe.num_moe_layers
-            saved *= max(dense_saving(u) for u in us)
-        if M == INF:
-            return INF
+            saved = (L - self.instance.model.moe.num_moe_layers) * max(dense_saving(u) for u in us)
         u_min = min(us)
         least = {i: (fixed or {}).get(i, v) for i in range(len(us))}
         S = u_min * L + sum(self.extras) - saved + sum((us[i] - u_min) * least[i] for i in range(len(us)))
-        return self.m * M + (max(S, M) - M) / v
+        return self.schedule(M, S)
+
+    def schedule(self, M: float, S: float) -> float:
+        """(C9) m M + (S - M) / vpp from a least slowest stage M and a least stage sum S; INF where M is."""
+        return INF if M == INF else self.m * M + (max(S, M) - M) / self.config.vpp
 
     def pipeline_any(self, k: int, slow: float) -> float:
         """(C9) with k of the stages at `slow` per layer, wherever they sit: a lower bound that forgets which (every
@@ -206,10 +207,8 @@ class Parts(KindBounds):
             M, saved = least_slowest_stage(us, [0.0] * P, [max(self.caps)] * P, L, v), 0.0
         else:  # (E1)
             M, saved = self.slowest_anywhere(k, slow)
-        if M == INF:
-            return INF
         S = self.u * L + sum(self.extras) - saved + (us[0] - self.u) * v * k
-        return self.m * M + (max(S, M) - M) / v
+        return self.schedule(M, S)
 
     def chain(self, slow_extra: float = 0.0) -> float:
         """(C10) every boundary at the fastest pair; `slow_extra` is one boundary's excess over that."""
