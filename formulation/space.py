@@ -7,6 +7,7 @@ from typing import Iterator
 
 from formulation.physics import layer_kinds
 from formulation.physics.memory import memory_coefficients, stage_memory
+from formulation.inputs.job import DATA_PARALLEL_ONLY
 from formulation.placement import Config, Placement
 
 
@@ -28,14 +29,17 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
     world = world_size or cluster.num_gpus
     gpus_per_node = min(n.num_gpus for n in cluster.nodes)
     max_tp = min(gpus_per_node, job.max_tensor_parallel_size or gpus_per_node)
+    fsdp_only = job.software_stack in DATA_PARALLEL_ONLY  # llm-foundry: tp = pp = cp = 1
     for tp in divisors(world):
+        if fsdp_only and tp > 1:
+            break
         if tp > max_tp or model.num_attention_heads % tp or model.num_kv_heads % tp:
             continue
         for cp in job.context_parallel_sizes:
-            if (world // tp) % cp or job.seq_length % cp:
+            if (world // tp) % cp or job.seq_length % cp or (fsdp_only and cp > 1):
                 continue
             for pp in divisors(world // (tp * cp)):
-                if pp > model.num_layers:
+                if pp > model.num_layers or (fsdp_only and pp > 1):
                     continue
                 yield from schedules(instance, tp, pp, cp, world // (tp * cp * pp))
 

@@ -47,12 +47,13 @@ def test_a_users_file_gets_no_packaged_assumption(tmp_path):
 
 
 def test_eager_layernorm_is_one_kernel():
-    """torchtitan without compile: RMSNorm decomposes into ~6 kernels (about 20 two-byte passes per norm
+    """PyTorch stacks without compile (torchtitan, llm-foundry): RMSNorm decomposes into ~6 kernels (about 20 two-byte passes per norm
     instead of 2), LayerNorm is PyTorch's fused native kernel (2 either way). On MPT-13b (llm-foundry), two
     norms per layer over 2 x 2048 tokens x 5120: eager RMSNorm costs 2 x 18 passes x 2 bytes x T h more."""
     by_row = {r.row: r for r in load_runs(REFERENCE_DIR / "published_runs.csv")}
     mpt = by_row[110].instance  # MPT-13b, llm-foundry
-    assert mpt.model.norm == "layernorm" and mpt.training.software_stack == "torchtitan"
+    assert mpt.model.norm == "layernorm" and mpt.training.software_stack == "llm-foundry"
+    assert not mpt.training.torch_compile
     p = Placement(tp=1, pp=1, cp=1, dp=8, vpp=1, micro_batch_size=2, recompute="none", zero_stage=3,
                   layers_per_stage=(mpt.model.num_layers,), gpus=tuple(range(8)))
     eager = dataclasses.replace(mpt.training, torch_compile=False)

@@ -13,10 +13,16 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 ZERO_STAGES = (0, 1, 3)
 PRECISIONS = ("bf16", "fp16", "fp8")
-# Megatron-LM / NeMo (Megatron-Core), Megatron-DeepSpeed and other DeepSpeed ZeRO-1-era stacks, and torchtitan
-# (PyTorch FSDP2). `fsdp` is the earlier name of the PyTorch FSDP stack and is read as `torchtitan`.
-SOFTWARE_STACKS = ("megatron", "megatron-deepspeed", "torchtitan")
-STACK_ALIASES = {"fsdp": "torchtitan"}
+# Megatron-LM / NeMo (Megatron-Core), Megatron-DeepSpeed and other DeepSpeed ZeRO-1-era stacks, torchtitan
+# (PyTorch FSDP2) and MosaicML's llm-foundry (Composer on PyTorch FSDP1). `fsdp` is the earlier name of the
+# PyTorch FSDP stack and is read as `torchtitan`; `composer` is read as `llm-foundry`.
+SOFTWARE_STACKS = ("megatron", "megatron-deepspeed", "torchtitan", "llm-foundry")
+STACK_ALIASES = {"fsdp": "torchtitan", "composer": "llm-foundry"}
+# Stacks that run PyTorch's own modules eagerly unless torch.compile is on (docs/physics.md eager_elementwise)
+PYTORCH_STACKS = ("torchtitan", "llm-foundry")
+# llm-foundry trains with FSDP only (Composer's FSDPConfig: FULL_SHARD and its relatives, per-block activation
+# checkpointing): no tensor, pipeline or context parallelism, no selective recompute
+DATA_PARALLEL_ONLY = ("llm-foundry",)
 DEFAULT_STACK = "megatron"
 DEEPSPEED = ("megatron-deepspeed",)
 # DeepSpeed's documented defaults: reduce_bucket_size and allgather_bucket_size of 5e8 elements each
@@ -46,6 +52,10 @@ class TrainingJob:
     # FP8 with Transformer Engine: weights kept in FP8 (Megatron-LM --fp8-param-gather; NeMo's FP8 recipe
     # bf16_with_fp8_mixed sets fp8_params=True) instead of bf16 beside an FP8 copy
     fp8_param_gather: bool = True
+    # PyTorch FSDP's backward prefetch under ZeRO-3: "pre" gathers the next layer's parameters before the current
+    # layer's gradients (FSDP1's BACKWARD_PRE default; FSDP2 and Megatron prefetch so too), "post" after them,
+    # beside the current reduce-scatter (BACKWARD_POST, Composer's default: llm-foundry's), so the backward waits
+    fsdp_backward_prefetch: str = "pre"
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES  # allowed choices
     # what `selective` recomputes on the megatron stack (formulation/physics/recompute_modules.py)
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
@@ -120,17 +130,22 @@ def _sizes(sec: Section, key: str, default: tuple) -> tuple[int, ...]:
 def load_training_section(data: dict, file: str) -> TrainingJob:
     sec = Section(data, file, "training")
     stack = sec.string("software_stack", default=DEFAULT_STACK, choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
-    compile_on = sec.boolean("torch_compile", default=True)
+    stack = STACK_ALIASES.get(stack, stack)
+    foundry = stack == "llm-foundry"
+    compile_on = sec.boolean("torch_compile", default=not foundry)  # Composer compiles only when asked
     job = TrainingJob(
         global_batch_size=sec.integer("global_batch_size"),
         seq_length=sec.integer("seq_length", maximum=16 * 1024 * 1024),
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
-        software_stack=STACK_ALIASES.get(stack, stack), software_stack_defaulted=not sec.has("software_stack"),
+        software_stack=stack, software_stack_defaulted=not sec.has("software_stack"),
         torch_compile=compile_on,
         compiled_loss=sec.boolean("compiled_loss", default=compile_on),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),
-        fused_cross_entropy=sec.boolean("fused_cross_entropy", default=STACK_ALIASES.get(stack, stack) != "torchtitan"),
-        recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, RECOMPUTE_CHOICES, str),
+        fsdp_backward_prefetch=sec.string("fsdp_backward_prefetch", default="post" if foundry else "pre",
+                                          choices=("pre", "post")),
+        fused_cross_entropy=sec.boolean("fused_cross_entropy", default=stack != "torchtitan"),
+        recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, ("none", "full") if foundry else RECOMPUTE_CHOICES,
+                           str),
         recompute_modules=_choices(sec, "recompute_modules", RECOMPUTE_MODULES, DEFAULT_RECOMPUTE_MODULES, str),
         zero_stage=_choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int),
         max_micro_batch_size=sec.integer("max_micro_batch_size", default=8),
@@ -151,6 +166,9 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         moe_load_imbalance=sec.number("moe_load_imbalance", default=MOE_LOAD_IMBALANCE, minimum=1.0, maximum=64.0),
         moe_grouped_gemm=sec.boolean("moe_grouped_gemm", default=True),
     )
+    if foundry and "selective" in job.recompute:
+        raise sec.error("recompute", "llm-foundry checkpoints whole blocks (Composer's activation_checkpointing): "
+                                     "expected choices from ['none', 'full']")
     if job.recompute_modules != DEFAULT_RECOMPUTE_MODULES and job.software_stack != "megatron":
         raise sec.error("recompute_modules", f"Megatron-Core's recompute modules apply to software_stack megatron, "
                                              f"not {job.software_stack} (torchtitan's selective recompute is op-level)")

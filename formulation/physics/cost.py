@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from formulation.inputs.job import PYTORCH_STACKS
+
 # Fraction of the message each GPU moves (nccl-tests: busbw = algbw x this factor).
 COLLECTIVE_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -32,6 +34,11 @@ PHYSICS_TERMS = {
     # NCCL reaches a fraction of nominal link speed (nccl-tests): leave-one-source-out 6.0% -> 5.4% pooled
     # with it on (docs/physics.md); the exact programs take their collective constants from collective_time
     "collective_efficiency": True,
+    # NCCL's ring crosses nodes on every NIC while NVLink carries the rest: levels at once, not one after the other
+    "rail_ring": True,
+    # PyTorch FSDP's BACKWARD_POST prefetch (fsdp_backward_prefetch: post, llm-foundry) exposes the backward's
+    # gathers and reduce-scatters (C12); off: read as "pre"
+    "fsdp_post_prefetch": True,
     "fp8_weight_copies": True,  # FP8 weight copies and transposes in memory
     "fp8_params": True,  # ... or FP8 weights in place of the bf16 ones (--fp8-param-gather, NeMo's FP8 recipe)
     "fp8_saved_inputs": True,  # Transformer Engine saves GEMM inputs for the backward in FP8
@@ -89,12 +96,19 @@ def group_links(cluster, gpus) -> GroupLinks:
 
 
 def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster) -> float:
-    """(C5) Hierarchical ring collective: intra-node phase + inter-node phase, each alpha-beta.
+    """(C5) Ring collective over a group of n GPUs on N nodes with at least k members per node, each level at
+    its slowest pair. Latency: ring steps x per-step alpha of each level (k - 1 intra-node, N - 1 inter-node
+    steps for a gather; twice that for an all-reduce). One node: factor(n) S / B_intra.
 
-    A group of n GPUs on N nodes with at least k members per node: the intra-node phase runs over the k
-    local members at the slowest intra-node pair; the inter-node phase runs the same collective among N
-    nodes on a 1/k shard of the message (k NICs in parallel) at the slowest inter-node pair. With k = n
-    (one node) or k = 1 (one GPU per node) this is the flat ring. Latency: ring steps x per-step alpha.
+    Across nodes (`rail_ring`): NCCL runs one ring through every member, the k members of a node crossing to
+    the next node each on its own NIC (one channel per NIC), and both levels move data at once. Per GPU the ring
+    carries factor(n) S, a share (k - 1) / k of it over NVLink and 1 / k over its NIC, so the slower level sets
+    the time: factor(n) S max((k - 1) / (k B_intra), 1 / (k B_inter)). This is NCCL's own tuning model
+    (src/graph/tuning.cc, ncclTopoTuneModel: a ring's bus bandwidth is its channel count times one level's
+    per-channel bandwidth, not a sum over levels) and what nccl-tests measure across DGX H100 nodes (about 370
+    GB/s of bus bandwidth = 8 NICs x about 46 GB/s, the figure formulation/inputs/ingest/network.py divides by
+    k). Off: the earlier two phases one after the other, the intra-node collective over the k local members,
+    then the inter-node one among N nodes on a 1/k shard (k NICs in parallel).
     """
     n = links.size
     if n <= 1 or message_bytes <= 0:
@@ -102,13 +116,22 @@ def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster)
     factor, steps = COLLECTIVE_FACTOR[kind], COLLECTIVE_STEPS[kind]
     intra_eff, inter_eff = collective_efficiency(cluster)
     k, N = links.per_node, links.nodes
-    time = 0.0
     if N == 1:
         return factor(n) * message_bytes / (intra_eff * links.intra_gb_per_s * 1e9) + steps(n) * cluster.intra_latency_s
-    if k > 1:
-        time += factor(k) * message_bytes / (intra_eff * links.intra_gb_per_s * 1e9) + steps(k) * cluster.intra_latency_s
-    time += factor(N) * message_bytes / (k * inter_eff * links.inter_gb_per_s * 1e9) + steps(N) * cluster.inter_latency_s
-    return time
+    latency = (steps(k) * cluster.intra_latency_s if k > 1 else 0.0) + steps(N) * cluster.inter_latency_s
+    intra_bytes_per_s = intra_eff * links.intra_gb_per_s * 1e9
+    inter_bytes_per_s = k * inter_eff * links.inter_gb_per_s * 1e9
+    if levels_concurrent():
+        intra = factor(n) * (k - 1) / k * message_bytes / intra_bytes_per_s
+        return latency + max(intra, factor(n) * message_bytes / inter_bytes_per_s)
+    intra = factor(k) * message_bytes / intra_bytes_per_s if k > 1 else 0.0
+    return latency + intra + factor(N) * message_bytes / inter_bytes_per_s
+
+
+def levels_concurrent() -> bool:
+    """Whether a collective's intra- and inter-node levels run at once (C5): its time is then latency + the
+    larger level's part, and the exact programs encode one part variable >= each level's (P6, P9)."""
+    return term("rail_ring")
 
 
 def collective_efficiency(cluster) -> tuple[float, float]:
@@ -172,7 +195,7 @@ def layer_compute(model, job, p, gpu_type) -> LayerTimes:
 
 def eager_stack(job) -> bool:
     """torchtitan without torch.compile runs norms, rotary and the MLP activation as separate eager kernels."""
-    return job.software_stack == "torchtitan" and not job.torch_compile and term("eager_elementwise")
+    return job.software_stack in PYTORCH_STACKS and not job.torch_compile and term("eager_elementwise")
 
 
 def activation_units(model, job) -> float:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, recompute_modules
-from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS
+from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
 GIB = float(1 << 30)
 
@@ -108,7 +108,7 @@ def eager_backward_working(model, job, p, seq: float, sp: int) -> float | None:
     docs/measure_torchtitan_memory.py): five [tokens, f] and ten [tokens, h] 16-bit tensors with op-level
     selective checkpointing, six and twelve with full. None where the measurement does not apply (compiled blocks,
     other stacks, other MLPs, no checkpointing)."""
-    if not (job.software_stack == "torchtitan" and not job.torch_compile and model.mlp == "swiglu"
+    if not (job.software_stack in PYTORCH_STACKS and not job.torch_compile and model.mlp == "swiglu"
             and job.flash_attention and p.recompute in ("selective", "full") and cost.term("eager_working_memory")):
         return None
     f_units, h_units = (5.0, 10.0) if p.recompute == "selective" else (6.0, 12.0)

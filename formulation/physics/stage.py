@@ -29,6 +29,7 @@ class StageConstants:
     expert_params_per_layer: float = 0.0
     ep_recompute_passes: int = 0  # extra forward passes of the expert communication (the "moe" recompute module)
     tp_recompute_passes: float = 0.0  # ... of the tp communication (C4: half under torchtitan's op-level policy)
+    backward_gathers_exposed: bool = False  # (C12) FSDP1's "post" backward prefetch: nothing hides them
 
     @property
     def ep_passes(self) -> float:
@@ -71,7 +72,9 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
         recompute_passes=rp, ep_recompute_passes=recompute_modules.ep_passes(job, p), tp_recompute_passes=tp_rp,
         output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == p.pp - 1 else 0.0,
         params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=per_layer,
-        layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts)
+        layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts,
+        backward_gathers_exposed=(p.zero_stage >= 3 and job.fsdp_backward_prefetch == "post"
+                                  and cost.term("fsdp_post_prefetch")))
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     cp_b = 2 * cp_f * (1 + k.recompute_passes / 2)
     # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
     z3_f = max(0.0, ag - (k.f_compute + tp_f + cp_f))
-    z3_b = max(0.0, ag + rs - (k.b_compute + tp_b + cp_b))
+    z3_b = ag + rs if k.backward_gathers_exposed else max(0.0, ag + rs - (k.b_compute + tp_b + cp_b))
     ep_b = ep * (k.ep_passes - 1)
     return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f + ep, backward=k.b_compute + tp_b + cp_b + z3_b + ep_b,
                      tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b, ep=ep + ep_b)

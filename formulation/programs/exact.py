@@ -205,8 +205,11 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
     tp_rp = Fraction(tp_rp).limit_denominator(2)
     d = tp_rp.denominator
     prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
-    prog.add({z3_b: d, ag: -d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
-             -d * b.t(k.b_compute), "P7 zero3 exposed")
+    if k.backward_gathers_exposed:  # (C12) FSDP1's "post" prefetch: the backward waits for both
+        prog.add({z3_b: 1, ag: -1, rs: -1}, ">=", 0, "P7 zero3 exposed")
+    else:
+        prog.add({z3_b: d, ag: -d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
+                 -d * b.t(k.b_compute), "P7 zero3 exposed")
     u = prog.var(f"u{tag}[{i}]")
     moe_terms = {experts: -k.ep_passes * d} if experts is not None else {}  # forward + backward + recomputes
     prog.add({u: d, tp_f: -int((1 + tp_rp) * d), tp_b0: -d, cp_f: -(3 + rp) * d, z3_f: -d, z3_b: -d, **moe_terms},
@@ -262,6 +265,7 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
         for g in b.dp_groups.get(i, []):
             n = len(g.ranks)
             x_i, x_e, lat = (prog.var(f"{nm}[dp{g.ranks[0]},{part}]") for nm in ("XIdp", "XEdp", "Ddp"))
+            x_e = x_i if cost.levels_concurrent() else x_e  # (C5) the levels at once: one part >= each
             for q in qs:
                 lam = prog.layers[(i, q)]
                 message = dp_sync_parts(b.inst, b.template, k, q)[part][1]
@@ -276,7 +280,8 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
                             if coef > 0:
                                 prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef,
                                          "P9 dp part")
-            prog.add({slowest: 1, x_i: -1, x_e: -1, lat: -1}, ">=", 0, "P9 slowest dp group")
+            parts = {x_i: -1} if x_e == x_i else {x_i: -1, x_e: -1}
+            prog.add({slowest: 1, **parts, lat: -1}, ">=", 0, "P9 slowest dp group")
         experts = expert_sync_time(b, i, edp, kind, qs, str(part))
         if experts is not None:  # (P15) plus the same collective of the expert gradients, in the same window
             dense, slowest = slowest, prog.var(f"DPE[{i},{part}]")

@@ -29,11 +29,12 @@ def expert_layer_comm(b, i: int) -> int | None:
     terms = {total: 1}
     kinds = []
     if tpl.ep > 1:
-        concurrent = job.moe_token_dispatcher in ("alltoall", "deepep")  # both levels at once: max + latency
+        # all-to-alls run both levels at once (max + latency); the allgather dispatcher's collectives as (C5) says
+        concurrent = True if job.moe_token_dispatcher in ("alltoall", "deepep") else None
         kinds.append(("ep", tpl.moe_ep_groups(i), concurrent,
                       lambda lk: phi * moe_cost.ep_layer_comm(model, job, tpl, lk, cluster)))
     if tpl.etp > 1:
-        kinds.append(("etp", tpl.expert_tp_groups(i, tpl.ep, tpl.etp), False,
+        kinds.append(("etp", tpl.expert_tp_groups(i, tpl.ep, tpl.etp), None,
                       lambda lk: phi * moe_cost.etp_layer_comm(model, job, tpl, lk, cluster)))
     for name, groups, concurrent, fn in kinds:
         slowest = prog.var(f"{name.upper()}[{i}]")
@@ -87,6 +88,7 @@ def expert_sync_time(b, i: int, groups: list, kind: str, qs: list[int], name: st
     for g in groups:
         n = len(g.ranks)
         x_i, x_e, lat = (prog.var(f"{nm}[edp{g.ranks[0]},{name}]") for nm in ("XIedp", "XEedp", "Dedp"))
+        x_e = x_i if cost.levels_concurrent() else x_e  # (C5) the levels at once: one part >= each
         for q in qs:
             lam = prog.layers[(i, q)]
             for (N, kk), sigma in g.shape.items():
@@ -103,7 +105,8 @@ def expert_sync_time(b, i: int, groups: list, kind: str, qs: list[int], name: st
                         coef = b.t(cost.collective_time(kind, messages[q], links, cluster) - base)
                         if coef > 0:
                             prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef, "P15 edp part")
-        prog.add({slowest: 1, x_i: -1, x_e: -1, lat: -1}, ">=", 0, "P15 slowest edp group")
+        parts = {x_i: -1} if x_e == x_i else {x_i: -1, x_e: -1}
+        prog.add({slowest: 1, **parts, lat: -1}, ">=", 0, "P15 slowest edp group")
     return slowest
 
 

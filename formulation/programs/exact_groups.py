@@ -83,11 +83,14 @@ def group_variables(b, ranks, family: str) -> Group:
     return g
 
 
-def group_time(b, g: Group, fn, family: str, concurrent: bool = False) -> int:
-    """(P6) Time of one group as intra part + inter part + latency part, each selected by shape and level:
+def group_time(b, g: Group, fn, family: str, concurrent: bool | None = None) -> int:
+    """(P6) Time of one group as latency part + the two levels' parts, each selected by shape and level:
     X_I >= A(s, b_k) (sigma_s + zeta_I[k] - 1), X_E likewise, D >= D(s) sigma_s; fn(links) is the cost
-    model's time of a group with given links (additive in the two levels, see (C5)). `concurrent`: the two
-    levels run at once (the all-to-all of (E7): max(intra, inter) + latency), so one variable X >= both parts."""
+    model's time of a group with given links. `concurrent` (default: the ring collectives' (C5),
+    cost.levels_concurrent; the all-to-all of (E7) always): the two levels run at once, max(intra, inter) +
+    latency, so one variable X >= both parts; otherwise they add up, X_I + X_E + latency."""
+    if concurrent is None:
+        concurrent = cost.levels_concurrent()
     prog = b.prog
     n = len(g.ranks)
     x_i = prog.var(f"XI[{family}{g.ranks[0]}]")

@@ -13,6 +13,7 @@ from rich.table import Table
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
 from formulation.inputs.gpus import gpu_catalog
+from formulation.inputs.job import PYTORCH_STACKS
 from formulation.intervals import interval_basis, intervals_overlap
 from formulation.placement import Placement
 
@@ -72,7 +73,9 @@ def folding_table(title: str, columns, left=("GPU", "part")) -> Table:
 
 def stack_note(job) -> str:
     """Which stack (and precision) the prediction assumes, with a warning when the instance did not say."""
-    compile_note = f", torch.compile {'on' if job.torch_compile else 'off'}" if job.software_stack == "torchtitan" else ""
+    compile_note = f", torch.compile {'on' if job.torch_compile else 'off'}" if job.software_stack in PYTORCH_STACKS else ""
+    if job.software_stack == "llm-foundry":
+        compile_note += f", backward prefetch {job.fsdp_backward_prefetch}"
     modules = "" if tuple(job.recompute_modules) == ("core_attn",) else (
         f"; selective recompute modules: {' '.join(job.recompute_modules)}")
     note = f"{job.software_stack} ({job.precision}{compile_note}{modules})"

@@ -9,7 +9,9 @@ Defaults for blank cells (documented in docs/validation.md):
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
   README and Korthikanti's baselines without sequence parallelism.
 - TP communication overlap: on where the notes say `--tp-comm-overlap` or a `tp_comm_overlap` column says true.
-- Software stack: `fsdp` where the notes say PyTorch FSDP (llm-foundry), else `megatron`. The loss is a fused
+- Software stack: an optional `software_stack` column; blank: `llm-foundry` for llm-foundry's rows (Composer on
+  PyTorch FSDP1, Composer's default BACKWARD_POST prefetch), `torchtitan` where the notes say FSDP, else
+  `megatron`. The loss is a fused
   cross entropy except on torchtitan's own rows: llm-foundry's MPT class defaults to flash-attn's
   (`loss_fn: fused_crossentropy`), Megatron-LM's is its fused vocab-parallel one.
 - Per-row assumptions on the packaged reference files (ROW_ASSUMPTIONS, row_assumptions.csv): applied on load,
@@ -183,7 +185,8 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      # an optional `tp_comm_overlap` column (true / false) says it where the notes do not
                      "tp_comm_overlap": ((r.get("tp_comm_overlap") or "").strip().lower() == "true"
                                          or "tp-comm-overlap" in r["notes"]), "memory_limit_fraction": 1.0,
-                     "software_stack": "fsdp" if "FSDP" in r["notes"] else "megatron",
+                     # an optional `software_stack` column names the stack; else read from the source and notes
+                     "software_stack": (r.get("software_stack") or "").strip() or _stack_of(r),
                      "torch_compile": compiled,
                      # torchtitan compiles the loss with the model since 2025-04 (bbb1b616e); older rows say
                      # otherwise in row_assumptions.csv (an optional `compiled_loss` column)
@@ -309,3 +312,10 @@ def _run_with_assumptions(path: Path, i: int, row: dict, assumed: dict) -> Run:
 def is_test_row(row: int) -> bool:
     """The held-out split: every third row (row % 3 == 0) is never used for fitting."""
     return row % 3 == 0
+
+
+def _stack_of(r: dict) -> str:
+    """A row's software stack when its file does not say (module docstring)."""
+    if "llm-foundry" in r["source"]:
+        return "llm-foundry"
+    return "torchtitan" if "FSDP" in r["notes"] else "megatron"
