@@ -24,6 +24,7 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
     pp at most the layer count; cp from the allowed sizes, dividing the sequence; dp fills the world;
     micro-batch sizes dividing the per-replica batch; vpp > 1 only with pp > 1, m divisible by pp and
     the layers divisible into whole chunks of vpp per stage; recompute and zero_stage from the allowed choices.
+    A data-parallel-only stack (llm-foundry) gets tp = pp = cp = 1.
     """
     model, job, cluster = instance.model, instance.training, instance.cluster
     world = world_size or cluster.num_gpus

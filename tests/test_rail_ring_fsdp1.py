@@ -9,9 +9,10 @@ import pytest
 from conftest import seeds_by_backend
 from test_exact import TIME_LIMIT_S, brute_force, small_instance
 
-from formulation import evaluate, instance_from_dict
+from formulation import InputError, evaluate, instance_from_dict
 from formulation.physics import cost
 from formulation.physics.cost import GroupLinks
+from formulation.space import configurations
 from solvers import solve
 from solvers.validation.crossval import reference_runs
 
@@ -94,3 +95,22 @@ def test_exact_search_with_post_prefetch_equals_brute_force(seed, backend):
     result = solve(instance, solver=backend, time_limit=TIME_LIMIT_S)
     assert result.solver.status == "optimal", result.solver
     assert result.estimate.iteration_time_s == pytest.approx(expected, rel=1e-6)
+
+
+def _foundry(**training):
+    data, _ = small_instance(4)  # 2 x 4 GPUs
+    data["training"] = {"global_batch_size": 8, "seq_length": 1024, "software_stack": "composer",
+                        "zero_stage": [3], **training}
+    return data
+
+
+def test_llm_foundry_plans_data_parallelism_with_composers_defaults():
+    """Composer's FSDP shards and checkpoints whole blocks: only dp, none or full recompute, BACKWARD_POST, eager."""
+    instance = instance_from_dict(_foundry())
+    job = instance.training
+    assert (job.software_stack, job.fsdp_backward_prefetch, job.torch_compile) == ("llm-foundry", "post", False)
+    assert job.recompute == ("none", "full")
+    configs = list(configurations(instance))
+    assert configs and {(c.tp, c.pp, c.cp) for c in configs} == {(1, 1, 1)}
+    with pytest.raises(InputError, match="training.recompute"):
+        instance_from_dict(_foundry(recompute=["selective"]))

@@ -194,7 +194,8 @@ def layer_compute(model, job, p, gpu_type) -> LayerTimes:
 
 
 def eager_stack(job) -> bool:
-    """torchtitan without torch.compile runs norms, rotary and the MLP activation as separate eager kernels."""
+    """A PyTorch stack (torchtitan, llm-foundry) without torch.compile runs norms, rotary and the MLP activation
+    as separate eager kernels."""
     return job.software_stack in PYTORCH_STACKS and not job.torch_compile and term("eager_elementwise")
 
 
