@@ -26,19 +26,17 @@ def _busbw(n: int, nodes: int, intra: float, inter: float, size: float = 4 * 2**
     return cost.COLLECTIVE_FACTOR["all_reduce"](n) * size / cost.collective_time("all_reduce", size, links, _Cluster) / 1e9
 
 
-def test_a_ring_across_dgx_nodes_runs_at_the_nics_aggregate():
+def test_a_ring_across_dgx_nodes_runs_at_the_nics_aggregate(monkeypatch):
     """nccl-tests across DGX H100 nodes (8 x 400G NICs) measure about 370 GB/s of all-reduce bus bandwidth, as
-    inside one node: NCCL's ring crosses nodes on all eight NICs while NVLink carries the rest. The two levels one
-    after the other would put 2 and 4 nodes near 200 GB/s."""
+    inside one node: NCCL's ring crosses nodes on all eight NICs while NVLink carries the rest (the model: 359 GB/s
+    on one node, 367-374 on 2, 4 and 16). The two levels one after the other put 2, 4 and 16 nodes at 249, 218
+    and 199 GB/s."""
     one_node = _busbw(8, 1, 450.0, 50.0)
     for nodes in (2, 4, 16):
         assert _busbw(8 * nodes, nodes, 450.0, 50.0) == pytest.approx(one_node, rel=0.06)
     assert 340 < one_node < 390
-    cost.PHYSICS_TERMS["rail_ring"] = False
-    try:
-        assert _busbw(32, 4, 450.0, 50.0) < 0.65 * one_node
-    finally:
-        cost.PHYSICS_TERMS["rail_ring"] = True
+    monkeypatch.setitem(cost.PHYSICS_TERMS, "rail_ring", False)
+    assert _busbw(32, 4, 450.0, 50.0) < 0.65 * one_node
 
 
 def test_a_multi_node_level_fitted_from_nccl_tests_reproduces_its_log():
