@@ -42,7 +42,7 @@ class TrainingJob:
     precision: str = "bf16"
     software_stack: str = DEFAULT_STACK  # selects behaviours and calibrated efficiencies (docs/physics.md)
     software_stack_defaulted: bool = False  # the instance did not name its stack (reports warn)
-    torch_compile: bool = True  # torchtitan: torch.compile fuses the elementwise ops (eager runs them unfused)
+    torch_compile: bool = True  # PyTorch stacks: torch.compile fuses the elementwise ops (eager runs them unfused)
     # the loss: a fused cross entropy (Megatron-LM's vocab-parallel one, flash-attn's in llm-foundry) keeps the
     # logits and one fp32 copy; torchtitan's PyTorch cross entropy on fp32 logits saves more (docs/physics.md)
     fused_cross_entropy: bool = True
