@@ -63,7 +63,7 @@ def _predicted_per_sequence_s(run, prefetch: str) -> float:
 
 def test_llm_foundrys_cost_per_micro_batch_is_reproduced():
     """At equal tokens per GPU, llm-foundry's MPT-70B at micro-batch 8 (64 H100) runs 18% faster per sequence
-    than at micro-batch 2 (32 H100), and MPT-30B at 14 (32 H100) 16% faster than at 3 (8 H100): Composer's
+    than at micro-batch 2 (32 H100), and MPT-30B at 14 (32 H100) 15% faster than at 3 (8 H100): Composer's
     BACKWARD_POST prefetch leaves the backward's gathers and reduce-scatters exposed once per micro-batch, and
     across nodes they take as long as inside one (the rail ring). With FSDP's default "pre" prefetch the model has
     each pair within 5%."""
