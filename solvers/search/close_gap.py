@@ -3,12 +3,15 @@
 After the enumeration (every configuration's lower bound, its default placement scored) and the exactly
 optimised partitions of the default maps, the bound-only search improves placements in two phases:
 
-1. the best placements found so far (ANNEAL_CONFIGURATIONS of them): weak nodes relocated
-   (solvers/local/relocate.py), then annealed (solvers/local/annealing.py);
+1. the best placements found so far (ANNEAL_CONFIGURATIONS of them): where every stage is whole nodes, moved
+   onto max-min node groups if that is faster (solvers/local/bottleneck.py: each stage's dp sync runs at the
+   slowest link inside its group), weak nodes relocated (solvers/local/relocate.py), then annealed
+   (solvers/local/annealing.py);
 2. rounds over every configuration whose lower bound is below the incumbent, in bound order (the one that may
    hold the optimum first): annealed from its best placement (round 0), then restarted from a different map
    (the default map with its node order shuffled; odd rounds) or from its best again with another seed, with
-   twice the moves of the round before; after each anneal, the exact partition program
+   twice the moves of the round before (round 0 first tries the max-min groups and relocation, as phase 1);
+   after each anneal, the exact partition program
    (solvers/local/partition.py) re-splits the layers for the annealed map. The incumbent falls as placements
    improve, and configurations whose bound no longer beats it drop out of later rounds.
 
@@ -42,6 +45,7 @@ from formulation.placement import even_split
 from formulation.space import placement_for
 
 from solvers.local.annealing import anneal
+from solvers.local.bottleneck import bottleneck_start
 from solvers.local.partition import best_partition
 from solvers.local.polish import polish
 from solvers.local.relocate import relocate_weak_nodes
@@ -109,6 +113,7 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     now = time.perf_counter()
     timed = deadline != INF and moves is None
     done = set()
+    groups = {}  # max-min node groups per (pp, nodes per stage, seed), shared by the configurations
     for k, cand in enumerate(first):
         if time.perf_counter() >= deadline:
             break
@@ -119,6 +124,7 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
             if k > 0:
                 continue
             share = min(MIN_ANNEAL_S, deadline - now)  # the best plan so far gets one anneal (a loaded machine)
+        _bottleneck(instance, cand, result, seed, groups)
         # relocation is a greedy pass of evaluate() calls: at most a tenth of what is left with a time limit
         _relocate(instance, cand, result, deadline if not timed else time.perf_counter() + (deadline - now) / 10)
         count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance)
@@ -134,7 +140,7 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     if timed:  # the last FINAL_SHARE of the time goes to the best plan found (below)
         budget_end = deadline - FINAL_SHARE * (deadline - time.perf_counter())
     _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end,
-            *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)))
+            *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)), groups=groups)
     small = len(instance.cluster.nodes) <= POLISH_NODES
     if timed and not small and time.perf_counter() < deadline:  # a descent sweep costs seconds: anneal on
         _deepen(instance, candidates, result, seed + 1, done, deadline - time.perf_counter(), deadline, None)
@@ -187,7 +193,7 @@ def class_scale(instance) -> int:
 
 
 def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end, rounds: int,
-            move_budget: float) -> None:
+            move_budget: float, groups: dict | None = None) -> None:
     """Phase 2 (module docstring): at most `rounds` rounds and `move_budget` proposals, until `budget_end`."""
     base = moves or ANNEAL_MOVES * class_scale(instance)
     spent = 0  # proposals given to phase 2's anneals
@@ -204,6 +210,7 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
             if prunes(cand.lower_bound, kth_of(candidates, top)):
                 continue  # the incumbent fell below its bound during this round
             if r == 0:
+                _bottleneck(instance, cand, result, seed, groups)
                 _relocate(instance, cand, result, budget_end)
             if spent + base * 2 ** r > move_budget:
                 return
@@ -213,6 +220,19 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
                        budget_end, start=start, repartition=solver):
                 result.gap_annealed += 1
                 done.add(cand.config)  # annealed: a later anneal of it may start cooler
+
+
+def _bottleneck(instance, cand, result, seed: int, groups: dict | None) -> None:
+    """The configuration's stages on max-min node groups (solvers/local/bottleneck.py), kept if faster: where every
+    stage is whole nodes, its dp sync runs at the slowest pair inside its group, which random node moves improve
+    slowly."""
+    if cand.placement is None:
+        return
+    start = bottleneck_start(instance, cand.config, cand.placement.layers_per_stage, seed, groups)
+    if start is not None:
+        est = evaluate(instance, start)
+        if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
+            _keep(cand, start, est, result)
 
 
 def _relocate(instance, cand, result, deadline) -> None:
