@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import H100_128, REPO, build_instance, small_instance_dict
+from conftest import H100_128, build_instance, small_instance_dict
 from formulation import InfeasibleError, evaluate, load_instance
 from formulation.placement import check_placement
 from formulation.space import Config, configurations, placement_for
@@ -390,17 +390,3 @@ def test_relocation_gathers_weak_nodes_on_a_light_stage(monkeypatch):
     assert stage[1] == stage[5] == 1
     assert evaluate(instance, gathered).iteration_time_s < evaluate(instance, greedy).iteration_time_s * (1 - 1e-9)
 
-
-def test_weak_nodes_are_the_markedly_slow_ones_not_half_of_a_random_matrix():
-    """A node is weak at WEAK_MARGIN (0.9) of the median link or below: the half-speed NIC of cluster_1024_dict
-    (24 of about 48 GB/s) is, and nodes of the i.i.d. 15-25 GB/s matrix of measured_64 (every node within 8 %
-    of the median on both its fastest and slowest link) are not; there relocation finds nothing and returns the
-    placement it was given without evaluating it."""
-    from solvers.local import relocate
-
-    assert relocate.weak_nodes(build_instance(cluster_1024_dict()).cluster) == [5]
-    measured = load_instance(REPO / "instances" / "measured_64.json")
-    assert relocate.weak_nodes(measured.cluster) == []
-    config = next(c for c in configurations(measured) if c.pp == 8)
-    start = placement_for(config, [measured.model.num_layers // 8] * 8, range(measured.cluster.num_gpus))
-    assert relocate.relocate_weak_nodes(measured, start) is start

@@ -1,5 +1,6 @@
-"""The max-min node groups (solvers/local/bottleneck.py) against brute force, and the start they give on an all-
-different node-pair matrix against the default map and an annealed one."""
+"""Which nodes go where: the max-min node groups (solvers/local/bottleneck.py) against brute force and the start they
+give on an all-different node-pair matrix against the default map; and which nodes relocation counts as weak
+(solvers/local/relocate.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 from conftest import REPO, build_instance, small_instance_dict
 from formulation import evaluate, load_instance
 from formulation.placement import Config, even_split
-from formulation.space import placement_for
+from formulation.space import configurations, placement_for
 from solvers.local.bottleneck import bottleneck_start, max_min_groups, nodes_per_stage
+from test_annealing import cluster_1024_dict
 
 
 def _slowest_inside(links, groups) -> float:
@@ -76,3 +78,18 @@ def test_no_partition_where_it_does_not_apply():
     assert nodes_per_stage(measured, Config(8, 1, 1, 16, 1, 1, "none", 1)) == 0  # pp = 1
     assert nodes_per_stage(measured, Config(4, 32, 1, 1, 1, 1, "none", 1)) == 0  # a stage is half a node
     assert nodes_per_stage(measured, Config(4, 8, 1, 4, 2, 1, "none", 1)) == 2
+
+
+def test_weak_nodes_are_the_markedly_slow_ones_not_half_of_a_random_matrix():
+    """A node is weak at WEAK_MARGIN (0.9) of the median link or below: the half-speed NIC of cluster_1024_dict
+    (24 of about 48 GB/s) is, and nodes of the i.i.d. 15-25 GB/s matrix of measured_64 (every node within 8 %
+    of the median on both its fastest and slowest link) are not; there relocation finds nothing and returns the
+    placement it was given without evaluating it."""
+    from solvers.local import relocate
+
+    assert relocate.weak_nodes(build_instance(cluster_1024_dict()).cluster) == [5]
+    measured = load_instance(REPO / "instances" / "measured_64.json")
+    assert relocate.weak_nodes(measured.cluster) == []
+    config = next(c for c in configurations(measured) if c.pp == 8)
+    start = placement_for(config, [measured.model.num_layers // 8] * 8, range(measured.cluster.num_gpus))
+    assert relocate.relocate_weak_nodes(measured, start) is start
