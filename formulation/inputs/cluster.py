@@ -88,6 +88,10 @@ class Cluster:
     def num_gpus(self) -> int:
         return int(self.node_offset[-1])
 
+    def gpus_of_nodes(self, order) -> list[int]:
+        """The GPUs of the given nodes, node by node in that order (each node's GPUs in local order)."""
+        return [g for n in order for g in range(int(self.node_offset[n]), int(self.node_offset[n + 1]))]
+
     def gpu_name(self, gpu: int) -> str:
         return f"{self.nodes[self.gpu_node[gpu]].name}:{self.gpu_local[gpu]}"
 

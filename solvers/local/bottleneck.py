@@ -99,13 +99,8 @@ def bottleneck_start(instance, config, layers_per_stage, seed: int = 0, cache: d
     if not K:
         return None
     cluster = instance.cluster
+    cache = {} if cache is None else cache
     key = (config.pp, K, seed)
-    if cache is None or key not in cache:
-        groups = max_min_groups(cluster.inter_gb_per_s, config.pp, K, seed)[1]
-        if cache is not None:
-            cache[key] = groups
-    else:
-        groups = cache[key]
-    gpus = [g for group in groups for node in group
-            for g in range(int(cluster.node_offset[node]), int(cluster.node_offset[node + 1]))]
-    return placement_for(config, layers_per_stage, gpus)
+    if key not in cache:
+        cache[key] = max_min_groups(cluster.inter_gb_per_s, config.pp, K, seed)[1]
+    return placement_for(config, layers_per_stage, cluster.gpus_of_nodes(n for group in cache[key] for n in group))

@@ -230,9 +230,7 @@ def _bottleneck(instance, cand, result, seed: int, groups: dict | None) -> None:
         return
     start = bottleneck_start(instance, cand.config, cand.placement.layers_per_stage, seed, groups)
     if start is not None:
-        est = evaluate(instance, start)
-        if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
-            _keep(cand, start, est, result)
+        _keep_if_faster(instance, cand, start, result)
 
 
 def _relocate(instance, cand, result, deadline) -> None:
@@ -240,9 +238,14 @@ def _relocate(instance, cand, result, deadline) -> None:
         return
     moved = relocate_weak_nodes(instance, cand.placement, None if deadline == INF else deadline)
     if moved.gpus != cand.placement.gpus:
-        est = evaluate(instance, moved)
-        if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
-            _keep(cand, moved, est, result)
+        _keep_if_faster(instance, cand, moved, result)
+
+
+def _keep_if_faster(instance, cand, placement, result) -> None:
+    """`placement` becomes the configuration's best if it fits and the evaluator scores it faster."""
+    est = evaluate(instance, placement)
+    if est.fits and est.iteration_time_s < cand.estimate.iteration_time_s:
+        _keep(cand, placement, est, result)
 
 
 def _keep(cand, placement, est, result) -> None:
@@ -284,7 +287,7 @@ def _shuffled_start(instance, cand, seed: int):
     cluster, config = instance.cluster, cand.config
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(cluster.nodes))
-    gpus = [g for n in order for g in range(int(cluster.node_offset[n]), int(cluster.node_offset[n + 1]))]
+    gpus = cluster.gpus_of_nodes(order)
     world = config.tp * config.pp * config.cp * config.dp
     if cand.placement is not None:
         layers = cand.placement.layers_per_stage

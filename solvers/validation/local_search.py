@@ -52,8 +52,7 @@ def _climb(scorer, rng, moves: int, deadline: float) -> None:
 
 def _restart_perm(instance, rng) -> list[int]:
     cl = instance.cluster
-    order = rng.permutation(len(cl.nodes))
-    return [g for n in order for g in range(int(cl.node_offset[n]), int(cl.node_offset[n + 1]))]
+    return cl.gpus_of_nodes(rng.permutation(len(cl.nodes)))
 
 
 def local_search(instance, time_limit_s: float, seed: int = 0) -> tuple:
