@@ -9,8 +9,10 @@ optimised partitions of the default maps, the bound-only search improves placeme
    (solvers/local/annealing.py);
 2. rounds over every configuration whose lower bound is below the incumbent, in bound order (the one that may
    hold the optimum first): annealed from its best placement (round 0), then restarted from a different map
-   (the default map with its node order shuffled; odd rounds) or from its best again with another seed, with
-   twice the moves of the round before (round 0 first tries the max-min groups and relocation, as phase 1);
+   (odd rounds: the default map with its node order shuffled; in rounds 3, 7, ... where every stage is whole
+   nodes and the slot tables apply, a random node order annealed over node orders on them,
+   solvers/local/node_slots.py) or from its best again with another seed, with twice the moves of the round
+   before (round 0 first tries the max-min groups and relocation, as phase 1);
    after each anneal, the exact partition program
    (solvers/local/partition.py) re-splits the layers for the annealed map. The incumbent falls as placements
    improve, and configurations whose bound no longer beats it drop out of later rounds.
@@ -46,6 +48,7 @@ from formulation.space import placement_for
 
 from solvers.local.annealing import anneal
 from solvers.local.bottleneck import bottleneck_start
+from solvers.local.node_slots import slot_anneal, slot_placement, slot_tables
 from solvers.local.partition import best_partition
 from solvers.local.polish import polish
 from solvers.local.relocate import relocate_weak_nodes
@@ -96,6 +99,14 @@ POLISH_NODES = 64
 # an anneal is not started with less time than this left (its start and final evaluate() take about that on
 # 512 GPUs): the time limit is a promise
 MIN_ANNEAL_S = 0.5
+# phase 2's restarts in rounds 3, 7, ... (round 1 keeps the annealer's restart: without a time limit phase 2 ends
+# after it, so plans without a limit are as before), where every stage is whole nodes and the slot tables apply
+# (solvers/local/node_slots.py): a random node order annealed over node orders with this many times the round's
+# proposals, each table look-ups (measured_16: about 95,000 a second, the annealer 27,000). measured_16 at 60 s,
+# seeds 0-2: 7.682575 / 7.682384 / 7.682384 s, where the annealer's restarts ended at 7.682582-7.682980 s and a
+# node-permutation SA of the whole 60 s at 7.68238-7.68291 s (median 7.68268)
+SLOT_MOVES_FACTOR = 8
+SLOT_ROUNDS = (4, 3)  # round r restarts on the tables when r % 4 == 3
 
 
 def close_gap(instance, candidates, result, deadline: float, seed: int, top: int, moves: int | None,
@@ -197,6 +208,7 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
     """Phase 2 (module docstring): at most `rounds` rounds and `move_budget` proposals, until `budget_end`."""
     base = moves or ANNEAL_MOVES * class_scale(instance)
     spent = 0  # proposals given to phase 2's anneals
+    tables = {}  # per configuration and split: its node-slot tables, or None where they do not apply
     for r in range(rounds):
         order = sorted((c for c in candidates if not prunes(c.lower_bound, kth_of(candidates, top))),
                        key=lambda c: (c.lower_bound, c.config))
@@ -215,11 +227,36 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
             if spent + base * 2 ** r > move_budget:
                 return
             spent += base * 2 ** r
+            if r % SLOT_ROUNDS[0] == SLOT_ROUNDS[1] and _slot_restart(
+                    instance, cand, result, seed + r, SLOT_MOVES_FACTOR * base * 2 ** r, budget_end, solver, tables):
+                result.gap_annealed += 1
+                done.add(cand.config)
+                continue
             start = _shuffled_start(instance, cand, seed + r) if r % 2 else cand.placement
             if _anneal(instance, cand, result, seed + r, base * 2 ** r, budget_end - time.perf_counter(),
                        budget_end, start=start, repartition=solver):
                 result.gap_annealed += 1
                 done.add(cand.config)  # annealed: a later anneal of it may start cooler
+
+
+def _slot_restart(instance, cand, result, seed: int, moves: int, budget_end: float, solver: str,
+                  tables: dict) -> bool:
+    """A restart of the configuration from a random node order, annealed over whole-node orders on its slot tables
+    (solvers/local/node_slots.py) and its layers then re-split exactly; False where the tables do not apply."""
+    if cand.placement is None or budget_end - time.perf_counter() < MIN_ANNEAL_S:
+        return False
+    key = (cand.config, cand.placement.layers_per_stage)  # the tables hold the split's schedule
+    if key not in tables:
+        tables[key] = slot_tables(instance, cand.placement)
+    found = tables[key]
+    if found is None:
+        return False
+    start = [int(n) for n in np.random.default_rng(seed).permutation(len(instance.cluster.nodes))]
+    _, order = slot_anneal(found, start, moves, seed, budget_end)
+    placement = slot_placement(instance, cand.placement, order)
+    _finish(instance, cand, result, placement, evaluate(instance, placement), solver, budget_end)
+    result.annealed += 1
+    return True
 
 
 def _bottleneck(instance, cand, result, seed: int, groups: dict | None) -> None:
@@ -268,7 +305,13 @@ def _anneal(instance, cand, result, seed, moves, time_s, deadline, start="best",
     except InfeasibleError:  # no split of the start's map fits: nothing to start from
         return False
     result.annealed += 1
-    placement, est = found.placement, found.estimate
+    _finish(instance, cand, result, found.placement, found.estimate, repartition, deadline)
+    return True
+
+
+def _finish(instance, cand, result, placement, est, repartition: str | None, deadline: float) -> None:
+    """A searched placement's layers re-split exactly for its map (with `repartition`, a backend name); kept as the
+    configuration's best if it fits and is faster."""
     if repartition and placement.pp > 1 and time.perf_counter() < deadline:
         split = best_partition(instance, placement, solver=repartition,
                                time_limit_s=min(10.0, max(0.05, deadline - time.perf_counter())))
@@ -278,7 +321,6 @@ def _anneal(instance, cand, result, seed, moves, time_s, deadline, start="best",
                 placement, est = split, better
     if est.fits and (cand.estimate is None or est.iteration_time_s < cand.estimate.iteration_time_s):
         _keep(cand, placement, est, result)
-    return True
 
 
 def _shuffled_start(instance, cand, seed: int):
