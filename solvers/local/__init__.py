@@ -1,2 +1,2 @@
-"""Local improvement beyond the exact size: annealing, layer partitions, max-min node groups, weak-node
-relocation, and the incremental scorer they share."""
+"""Local improvement beyond the exact size: annealing, layer partitions, max-min node groups, node orders on
+tables, weak-node relocation, and the incremental scorer they share."""

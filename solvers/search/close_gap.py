@@ -9,7 +9,7 @@ optimised partitions of the default maps, the bound-only search improves placeme
    (solvers/local/annealing.py);
 2. rounds over every configuration whose lower bound is below the incumbent, in bound order (the one that may
    hold the optimum first): annealed from its best placement (round 0), then restarted from a different map
-   (odd rounds: the default map with its node order shuffled; in rounds 3, 7, ... where every stage is whole
+   (odd rounds: the default map with its node order shuffled, or, with a time limit where every stage is whole
    nodes and the slot tables apply, a random node order annealed over node orders on them,
    solvers/local/node_slots.py) or from its best again with another seed, with twice the moves of the round
    before (round 0 first tries the max-min groups and relocation, as phase 1);
@@ -47,7 +47,7 @@ from formulation.placement import even_split
 from formulation.space import placement_for
 
 from solvers.local.annealing import anneal
-from solvers.local.bottleneck import bottleneck_start
+from solvers.local.bottleneck import bottleneck_start, nodes_per_stage
 from solvers.local.node_slots import slot_anneal, slot_placement, slot_tables
 from solvers.local.partition import best_partition
 from solvers.local.polish import polish
@@ -99,14 +99,21 @@ POLISH_NODES = 64
 # an anneal is not started with less time than this left (its start and final evaluate() take about that on
 # 512 GPUs): the time limit is a promise
 MIN_ANNEAL_S = 0.5
-# phase 2's restarts in rounds 3, 7, ... (round 1 keeps the annealer's restart: without a time limit phase 2 ends
-# after it, so plans without a limit are as before), where every stage is whole nodes and the slot tables apply
+# with a time limit, phase 2's restarts (odd rounds), where every stage is whole nodes and the slot tables apply
 # (solvers/local/node_slots.py): a random node order annealed over node orders with this many times the round's
 # proposals, each table look-ups (measured_16: about 95,000 a second, the annealer 27,000). measured_16 at 60 s,
 # seeds 0-2: 7.682575 / 7.682384 / 7.682384 s, where the annealer's restarts ended at 7.682582-7.682980 s and a
-# node-permutation SA of the whole 60 s at 7.68238-7.68291 s (median 7.68268)
+# node-permutation SA of the whole 60 s at 7.68238-7.68291 s (median 7.68268). Without a time limit phase 2's one
+# restart stays the annealer's: with the tables h100_128's plan went from 29.518308 to 29.518356 s (the annealer's
+# layer and GPU moves found the better one there)
 SLOT_MOVES_FACTOR = 8
-SLOT_ROUNDS = (4, 3)  # round r restarts on the tables when r % 4 == 3
+# ... and the deepening of phase 1's best plan is such an anneal where its stages are this many nodes: two-node
+# stages' dp syncs reach their floor on most pairings and the plans differ in the chain of sends, which the
+# tables walk faster (measured_16 at 10 s, seeds 0-2: 7.682833 / 7.682384 / 7.682575 s, against 7.683135 /
+# 7.682681 / 7.682575 s with the warm anneal, whose 3 s there found nothing in a traced run); on measured_64
+# (stages of 8 nodes, where the max-min groups and critical swaps matter) it was worse: 7.8417-7.8445 s against
+# 7.8297-7.8387 s
+SLOT_DEEPEN = (2,)
 
 
 def close_gap(instance, candidates, result, deadline: float, seed: int, top: int, moves: int | None,
@@ -125,6 +132,7 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     timed = deadline != INF and moves is None
     done = set()
     groups = {}  # max-min node groups per (pp, nodes per stage, seed), shared by the configurations
+    tables = {}  # node-slot tables per (configuration, split), None where they do not apply
     for k, cand in enumerate(first):
         if time.perf_counter() >= deadline:
             break
@@ -143,7 +151,7 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
             done.add(cand.config)
     if timed and time.perf_counter() < deadline:  # the probes' best continues, cooler (DEEPEN_SHARE)
         _deepen(instance, candidates, result, seed + 2, done, DEEPEN_SHARE * (deadline - time.perf_counter()),
-                deadline, PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance))
+                deadline, PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance), tables)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
         return
@@ -151,7 +159,8 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     if timed:  # the last FINAL_SHARE of the time goes to the best plan found (below)
         budget_end = deadline - FINAL_SHARE * (deadline - time.perf_counter())
     _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end,
-            *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)), groups=groups)
+            *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)), groups=groups,
+            tables=tables if timed else None)
     small = len(instance.cluster.nodes) <= POLISH_NODES
     if timed and not small and time.perf_counter() < deadline:  # a descent sweep costs seconds: anneal on
         _deepen(instance, candidates, result, seed + 1, done, deadline - time.perf_counter(), deadline, None)
@@ -161,12 +170,22 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
         result.stopped = "time limit"
 
 
-def _deepen(instance, candidates, result, seed, done: set, time_s, deadline, moves) -> None:
+def _deepen(instance, candidates, result, seed, done: set, time_s, deadline, moves,
+            tables: dict | None = None) -> None:
     """The best plan so far annealed on for `time_s` (and at most `moves`) from where an earlier anneal left it:
     WARM of the cooling schedule already done (re-heated to T0, a short anneal spends its time undoing and
-    re-finding what the last one found); hot if it was never annealed."""
+    re-finding what the last one found); hot if it was never annealed. Where its stages are pairs of nodes and
+    the slot tables apply (given `tables`), a node-order anneal on them from a random order instead
+    (SLOT_DEEPEN)."""
     best = _best(candidates)
-    if best is not None and _anneal(instance, best, result, seed, moves, time_s, deadline,
+    if best is None:
+        return
+    pairs = tables is not None and nodes_per_stage(instance, best.config) in SLOT_DEEPEN  # before the tables' cost
+    if pairs and _slot_tables(instance, best, tables) is not None and _slot_restart(
+            instance, best, result, seed, SLOT_MOVES_FACTOR * moves, min(deadline, time.perf_counter() + time_s),
+            None, tables):
+        done.add(best.config)
+    elif _anneal(instance, best, result, seed, moves, time_s, deadline,
                                     warm=WARM if best.config in done else 0.0):
         done.add(best.config)
 
@@ -204,11 +223,11 @@ def class_scale(instance) -> int:
 
 
 def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget_end, rounds: int,
-            move_budget: float, groups: dict | None = None) -> None:
-    """Phase 2 (module docstring): at most `rounds` rounds and `move_budget` proposals, until `budget_end`."""
+            move_budget: float, groups: dict | None = None, tables: dict | None = None) -> None:
+    """Phase 2 (module docstring): at most `rounds` rounds and `move_budget` proposals, until `budget_end`; given
+    `tables` (a cache, with a time limit) the restarts are on node-slot tables where they apply."""
     base = moves or ANNEAL_MOVES * class_scale(instance)
     spent = 0  # proposals given to phase 2's anneals
-    tables = {}  # per configuration and split: its node-slot tables, or None where they do not apply
     for r in range(rounds):
         order = sorted((c for c in candidates if not prunes(c.lower_bound, kth_of(candidates, top))),
                        key=lambda c: (c.lower_bound, c.config))
@@ -227,7 +246,7 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
             if spent + base * 2 ** r > move_budget:
                 return
             spent += base * 2 ** r
-            if r % SLOT_ROUNDS[0] == SLOT_ROUNDS[1] and _slot_restart(
+            if tables is not None and r % 2 and _slot_restart(
                     instance, cand, result, seed + r, SLOT_MOVES_FACTOR * base * 2 ** r, budget_end, solver, tables):
                 result.gap_annealed += 1
                 done.add(cand.config)
@@ -245,10 +264,7 @@ def _slot_restart(instance, cand, result, seed: int, moves: int, budget_end: flo
     (solvers/local/node_slots.py) and its layers then re-split exactly; False where the tables do not apply."""
     if cand.placement is None or budget_end - time.perf_counter() < MIN_ANNEAL_S:
         return False
-    key = (cand.config, cand.placement.layers_per_stage)  # the tables hold the split's schedule
-    if key not in tables:
-        tables[key] = slot_tables(instance, cand.placement)
-    found = tables[key]
+    found = _slot_tables(instance, cand, tables)
     if found is None:
         return False
     start = [int(n) for n in np.random.default_rng(seed).permutation(len(instance.cluster.nodes))]
@@ -257,6 +273,14 @@ def _slot_restart(instance, cand, result, seed: int, moves: int, budget_end: flo
     _finish(instance, cand, result, placement, evaluate(instance, placement), solver, budget_end)
     result.annealed += 1
     return True
+
+
+def _slot_tables(instance, cand, tables: dict):
+    """The configuration's node-slot tables for its best plan's split (cached; None where they do not apply)."""
+    key = (cand.config, cand.placement.layers_per_stage)  # the tables hold the split's schedule
+    if key not in tables:
+        tables[key] = slot_tables(instance, cand.placement)
+    return tables[key]
 
 
 def _bottleneck(instance, cand, result, seed: int, groups: dict | None) -> None:
