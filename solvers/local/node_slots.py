@@ -40,12 +40,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from formulation.evaluate import evaluate, pipeline_message, pipeline_send, stage_estimate, stage_links
-from formulation.physics import moe_cost
+from formulation.physics import cost, moe_cost
 from formulation.space import placement_for
 
 from solvers.local.bottleneck import nodes_per_stage
 
-MAX_NODES = 64  # the exposure table has pp x n^2 / 2 entries, each a stage estimate (40 us): 0.7 s at 64 nodes
+MAX_NODES = 64  # the exposure table has pp x n^2 / 2 entries, each a stage estimate: 0.3-0.5 s at 64 nodes
 CHECK_ORDERS = 3  # random orders on which the tables must give evaluate()'s time before they are used
 TOLERANCE = 1e-9  # relative
 CALIBRATION_MOVES = 64
@@ -79,7 +79,7 @@ def slot_tables(instance, placement) -> SlotTables | None:
     est = evaluate(instance, base)
     if not est.fits:
         return None
-    tables = _tables(instance, base, K, 0.0)
+    tables = _tables(instance, base, K)
     tables = replace(tables, fixed_s=est.iteration_time_s - slot_time(tables, range(len(cluster.nodes))))
     rng = np.random.default_rng(0)
     for _ in range(CHECK_ORDERS):
@@ -90,7 +90,8 @@ def slot_tables(instance, placement) -> SlotTables | None:
     return tables
 
 
-def _tables(instance, base, K: int, fixed_s: float) -> SlotTables:
+def _tables(instance, base, K: int) -> SlotTables:
+    """The tables of `base` (a node-contiguous placement), F still 0."""
     cluster, pp = instance.cluster, base.pp
     n, per_node = len(cluster.nodes), cluster.nodes[0].num_gpus
     first = [int(cluster.node_offset[a]) for a in range(n)]
@@ -108,23 +109,16 @@ def _tables(instance, base, K: int, fixed_s: float) -> SlotTables:
             row[a][b] = row[b][a] = stage_estimate(instance, base, i, base.layers_per_stage[i],
                                                    links=replace(links, dp_links=dp)).dp_exposed_s
         exposed.append(tuple(tuple(r) for r in row))
+    # (C10) is linear in the boundary times: each one's weight is the chain of a unit time there and 0 elsewhere
     m = base.num_micro_batches(instance.training.global_batch_size)
-    rounds = math.ceil(m / pp) if base.vpp == 1 else 1
-    weights = (2 * rounds * base.vpp,) * (pp - 1) + (2 * rounds * (base.vpp - 1),)
-    return SlotTables(K, pp, tuple(tuple(r) for r in send), tuple(exposed), weights, fixed_s)
+    weights = tuple(cost.p2p_chain([float(j == k) for j in range(pp - 1)], float(k == pp - 1), m, pp, base.vpp)
+                    for k in range(pp))
+    return SlotTables(K, pp, tuple(tuple(r) for r in send), tuple(exposed), weights, 0.0)
 
 
 def slot_placement(instance, placement, order):
     """`placement`'s configuration and layer split on the node-contiguous map of `order`."""
     return placement_for(placement.config, placement.layers_per_stage, instance.cluster.gpus_of_nodes(order))
-
-
-def node_order(instance, placement) -> list[int] | None:
-    """The node order of a node-contiguous placement (None if it is not one)."""
-    cluster = instance.cluster
-    per_node = cluster.nodes[0].num_gpus
-    order = [int(cluster.gpu_node[placement.gpus[x]]) for x in range(0, len(placement.gpus), per_node)]
-    return order if list(placement.gpus) == cluster.gpus_of_nodes(order) else None
 
 
 def _boundary(t: SlotTables, order, j: int) -> float:
@@ -181,24 +175,18 @@ class _Walk:
             self.order[x] = node
 
 
-def _proposal(rng, n: int, window: int) -> dict:
-    """A swap of two nodes, the reverse of a segment of the order, or a segment rotated by one (a third each)."""
-    kind = rng.random()
+def _random_move(rng, order: list, window: int) -> dict:
+    """A swap of two nodes, the reverse of a segment of the order, or a segment rotated by one (a third each), as
+    the positions it changes (position -> node)."""
+    n, kind = len(order), rng.random()
     if kind < 1 / 3:
-        x, y = (int(v) for v in rng.choice(n, size=2, replace=False))
-        return {"swap": (x, y)}
+        a, b = (int(v) for v in rng.choice(n, size=2, replace=False))
+        return {a: order[b], b: order[a]}
     length = int(rng.integers(3, min(n, window) + 1))
     lo = int(rng.integers(n - length + 1))
-    return {"reverse" if kind < 2 / 3 else "left" if rng.random() < 0.5 else "right": (lo, lo + length)}
-
-
-def _changes(order, move: dict) -> dict:
-    (kind, (a, b)), = move.items()
-    if kind == "swap":
-        return {a: order[b], b: order[a]}
-    seg = order[a:b]
-    new = seg[::-1] if kind == "reverse" else seg[1:] + seg[:1] if kind == "left" else seg[-1:] + seg[:-1]
-    return {a + k: node for k, node in enumerate(new) if node != seg[k]}
+    seg = order[lo:lo + length]
+    new = seg[::-1] if kind < 2 / 3 else seg[1:] + seg[:1] if rng.random() < 0.5 else seg[-1:] + seg[:-1]
+    return {lo + k: node for k, node in enumerate(new) if node != seg[k]}
 
 
 def slot_anneal(tables: SlotTables, order, moves: int, seed: int = 0,
@@ -214,7 +202,7 @@ def slot_anneal(tables: SlotTables, order, moves: int, seed: int = 0,
     window = min(n, max(MIN_WINDOW, 2 * tables.nodes_per_stage))
     uphill = []
     for _ in range(CALIBRATION_MOVES):
-        total = walk.propose(_changes(walk.order, _proposal(rng, n, window)))
+        total = walk.propose(_random_move(rng, walk.order, window))
         walk.reject()
         if total > walk.total:
             uphill.append(total - walk.total)
@@ -228,10 +216,7 @@ def slot_anneal(tables: SlotTables, order, moves: int, seed: int = 0,
             if now >= deadline:
                 break
             clock = (now - started) / (deadline - started) if deadline != math.inf else 0.0
-        changes = _changes(walk.order, _proposal(rng, n, window))
-        if not changes:
-            continue
-        total = walk.propose(changes)
+        total = walk.propose(_random_move(rng, walk.order, window))
         if total <= walk.total or rng.random() < math.exp(
                 -(total - walk.total) / (t0 * FINAL_TEMPERATURE_RATIO ** max(k / moves, clock))):
             walk.commit(total)

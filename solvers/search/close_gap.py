@@ -181,12 +181,10 @@ def _deepen(instance, candidates, result, seed, done: set, time_s, deadline, mov
     if best is None:
         return
     pairs = tables is not None and nodes_per_stage(instance, best.config) in SLOT_DEEPEN  # before the tables' cost
-    if pairs and _slot_tables(instance, best, tables) is not None and _slot_restart(
-            instance, best, result, seed, SLOT_MOVES_FACTOR * moves, min(deadline, time.perf_counter() + time_s),
-            None, tables):
+    if pairs and _slot_restart(instance, best, result, seed, SLOT_MOVES_FACTOR * moves,
+                               min(deadline, time.perf_counter() + time_s), None, tables):
         done.add(best.config)
-    elif _anneal(instance, best, result, seed, moves, time_s, deadline,
-                                    warm=WARM if best.config in done else 0.0):
+    elif _anneal(instance, best, result, seed, moves, time_s, deadline, warm=WARM if best.config in done else 0.0):
         done.add(best.config)
 
 
@@ -258,10 +256,11 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
                 done.add(cand.config)  # annealed: a later anneal of it may start cooler
 
 
-def _slot_restart(instance, cand, result, seed: int, moves: int, budget_end: float, solver: str,
+def _slot_restart(instance, cand, result, seed: int, moves: int, budget_end: float, solver: str | None,
                   tables: dict) -> bool:
     """A restart of the configuration from a random node order, annealed over whole-node orders on its slot tables
-    (solvers/local/node_slots.py) and its layers then re-split exactly; False where the tables do not apply."""
+    (solvers/local/node_slots.py), its layers then re-split exactly with `solver` (None: kept); False where the
+    tables do not apply."""
     if cand.placement is None or budget_end - time.perf_counter() < MIN_ANNEAL_S:
         return False
     found = _slot_tables(instance, cand, tables)
