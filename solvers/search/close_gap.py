@@ -107,13 +107,13 @@ MIN_ANNEAL_S = 0.5
 # restart stays the annealer's: with the tables h100_128's plan went from 29.518308 to 29.518356 s (the annealer's
 # layer and GPU moves found the better one there)
 SLOT_MOVES_FACTOR = 8
-# ... and the deepening of phase 1's best plan is such an anneal where its stages are this many nodes: two-node
-# stages' dp syncs reach their floor on most pairings and the plans differ in the chain of sends, which the
-# tables walk faster (measured_16 at 10 s, seeds 0-2: 7.682833 / 7.682384 / 7.682575 s, against 7.683135 /
-# 7.682681 / 7.682575 s with the warm anneal, whose 3 s there found nothing in a traced run); on measured_64
-# (stages of 8 nodes, where the max-min groups and critical swaps matter) it was worse: 7.8417-7.8445 s against
-# 7.8297-7.8387 s
-SLOT_DEEPEN = (2,)
+# ... and the deepening of phase 1's best plan is such an anneal (for the deepening's time): from a random order
+# where its stages are two nodes (their dp syncs reach their floor on most pairings and the plans differ in the
+# chain of sends, which the tables walk faster: measured_16 at 10 s, seeds 0-2, 7.682833 / 7.682384 / 7.682575 s
+# against 7.683135 / 7.682681 / 7.682575 s with the warm anneal, whose 3 s there found nothing in a traced run),
+# from the max-min node groups where they are more (a random start did worse on measured_64's 8-node stages,
+# 7.8417-7.8445 s against the warm anneal's 7.8297-7.8387 s; from the groups, measured_32 / measured_64 at 10 s
+# gave medians 7.7489 / 7.8357 s against the warm anneal's 7.7584 / 7.8386 s in the same hour)
 
 
 def close_gap(instance, candidates, result, deadline: float, seed: int, top: int, moves: int | None,
@@ -151,7 +151,7 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
             done.add(cand.config)
     if timed and time.perf_counter() < deadline:  # the probes' best continues, cooler (DEEPEN_SHARE)
         _deepen(instance, candidates, result, seed + 2, done, DEEPEN_SHARE * (deadline - time.perf_counter()),
-                deadline, PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance), tables)
+                deadline, PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance), tables, groups)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
         return
@@ -171,18 +171,18 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
 
 
 def _deepen(instance, candidates, result, seed, done: set, time_s, deadline, moves,
-            tables: dict | None = None) -> None:
+            tables: dict | None = None, groups: dict | None = None) -> None:
     """The best plan so far annealed on for `time_s` (and at most `moves`) from where an earlier anneal left it:
     WARM of the cooling schedule already done (re-heated to T0, a short anneal spends its time undoing and
-    re-finding what the last one found); hot if it was never annealed. Where its stages are pairs of nodes and
-    the slot tables apply (given `tables`), a node-order anneal on them from a random order instead
-    (SLOT_DEEPEN)."""
+    re-finding what the last one found); hot if it was never annealed. Where the slot tables apply (given
+    `tables`), a node-order anneal on them instead (SLOT_MOVES_FACTOR): from a random order for stages of two
+    nodes, else from the max-min node groups (`groups`: their cache)."""
     best = _best(candidates)
     if best is None:
         return
-    pairs = tables is not None and nodes_per_stage(instance, best.config) in SLOT_DEEPEN  # before the tables' cost
-    if pairs and _slot_restart(instance, best, result, seed, SLOT_MOVES_FACTOR * moves,
-                               min(deadline, time.perf_counter() + time_s), None, tables):
+    if tables is not None and _slot_tables(instance, best, tables) is not None and _slot_restart(
+            instance, best, result, seed, SLOT_MOVES_FACTOR * moves, min(deadline, time.perf_counter() + time_s),
+            None, tables, _max_min_order(instance, best, seed, groups)):
         done.add(best.config)
     elif _anneal(instance, best, result, seed, moves, time_s, deadline, warm=WARM if best.config in done else 0.0):
         done.add(best.config)
@@ -257,21 +257,32 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
 
 
 def _slot_restart(instance, cand, result, seed: int, moves: int, budget_end: float, solver: str | None,
-                  tables: dict) -> bool:
-    """A restart of the configuration from a random node order, annealed over whole-node orders on its slot tables
-    (solvers/local/node_slots.py), its layers then re-split exactly with `solver` (None: kept); False where the
-    tables do not apply."""
+                  tables: dict, start: list | None = None) -> bool:
+    """A restart of the configuration from `start` (a node order; None: a random one), annealed over whole-node
+    orders on its slot tables (solvers/local/node_slots.py), its layers then re-split exactly with `solver` (None:
+    kept); False where the tables do not apply."""
     if cand.placement is None or budget_end - time.perf_counter() < MIN_ANNEAL_S:
         return False
     found = _slot_tables(instance, cand, tables)
     if found is None:
         return False
-    start = [int(n) for n in np.random.default_rng(seed).permutation(len(instance.cluster.nodes))]
+    if start is None:
+        start = [int(n) for n in np.random.default_rng(seed).permutation(len(instance.cluster.nodes))]
     _, order = slot_anneal(found, start, moves, seed, budget_end)
     placement = slot_placement(instance, cand.placement, order)
     _finish(instance, cand, result, placement, evaluate(instance, placement), solver, budget_end)
     result.annealed += 1
     return True
+
+
+def _max_min_order(instance, cand, seed: int, groups: dict | None) -> list[int] | None:
+    """The node order of the configuration on max-min node groups (solvers/local/bottleneck.py) where its stages
+    are three nodes or more; None for two (or where the groups do not apply)."""
+    if nodes_per_stage(instance, cand.config) < 3:
+        return None
+    placed = bottleneck_start(instance, cand.config, cand.placement.layers_per_stage, seed, groups)
+    per_node = instance.cluster.nodes[0].num_gpus
+    return [int(instance.cluster.gpu_node[g]) for g in placed.gpus[::per_node]]
 
 
 def _slot_tables(instance, cand, tables: dict):
