@@ -91,16 +91,24 @@ def max_min_groups(links: np.ndarray, groups: int, size: int, seed: int = 0) -> 
     return threshold, [[int(x) for x in np.flatnonzero(assign == g)] for g in range(groups)]
 
 
-def bottleneck_start(instance, config, layers_per_stage, seed: int = 0, cache: dict | None = None):
-    """The placement of `config` with each stage on one max-min group of nodes (ranks in node order, so that tp
-    groups stay inside nodes), or None where `nodes_per_stage` does not apply. `cache` keeps the groups per
-    (pp, K, seed): configurations that differ in other sizes share them."""
+def max_min_order(instance, config, seed: int = 0, cache: dict | None = None) -> list[int] | None:
+    """The node order that puts each stage of `config` on one max-min group of nodes, or None where
+    `nodes_per_stage` does not apply. `cache` keeps the groups per (pp, K, seed): configurations that differ in
+    other sizes share them."""
     K = nodes_per_stage(instance, config)
     if not K:
         return None
-    cluster = instance.cluster
     cache = {} if cache is None else cache
     key = (config.pp, K, seed)
     if key not in cache:
-        cache[key] = max_min_groups(cluster.inter_gb_per_s, config.pp, K, seed)[1]
-    return placement_for(config, layers_per_stage, cluster.gpus_of_nodes(n for group in cache[key] for n in group))
+        cache[key] = max_min_groups(instance.cluster.inter_gb_per_s, config.pp, K, seed)[1]
+    return [n for group in cache[key] for n in group]
+
+
+def bottleneck_start(instance, config, layers_per_stage, seed: int = 0, cache: dict | None = None):
+    """The placement of `config` on `max_min_order`'s nodes (ranks in node order, so that tp groups stay inside
+    nodes), or None where it does not apply."""
+    order = max_min_order(instance, config, seed, cache)
+    if order is None:
+        return None
+    return placement_for(config, layers_per_stage, instance.cluster.gpus_of_nodes(order))

@@ -43,13 +43,12 @@ from formulation.evaluate import evaluate, pipeline_message, pipeline_send, stag
 from formulation.physics import cost, moe_cost
 from formulation.space import placement_for
 
+from solvers.local.annealing import CALIBRATION_MOVES, FINAL_TEMPERATURE_RATIO  # the annealer's schedule
 from solvers.local.bottleneck import nodes_per_stage
 
 MAX_NODES = 64  # the exposure table has pp x n^2 / 2 entries, each a stage estimate: 0.3-0.5 s at 64 nodes
 CHECK_ORDERS = 3  # random orders on which the tables must give evaluate()'s time before they are used
 TOLERANCE = 1e-9  # relative
-CALIBRATION_MOVES = 64
-FINAL_TEMPERATURE_RATIO = 1e-3
 MIN_WINDOW = 8  # longest segment a reverse or rotation moves, at least two stages' nodes
 
 
@@ -133,9 +132,7 @@ def _stage(t: SlotTables, order, i: int) -> float:
 
 def slot_time(t: SlotTables, order) -> float:
     """The evaluator's iteration time of the node order (module docstring; equal to it up to float rounding)."""
-    order = list(order)
-    chain = sum(w * _boundary(t, order, j) for j, w in enumerate(t.weights))
-    return t.fixed_s + chain + max(_stage(t, order, i) for i in range(t.pp))
+    return _Walk(t, order).total
 
 
 class _Walk:

@@ -47,7 +47,7 @@ from formulation.placement import even_split
 from formulation.space import placement_for
 
 from solvers.local.annealing import anneal
-from solvers.local.bottleneck import bottleneck_start, nodes_per_stage
+from solvers.local.bottleneck import bottleneck_start, max_min_order, nodes_per_stage
 from solvers.local.node_slots import slot_anneal, slot_placement, slot_tables
 from solvers.local.partition import best_partition
 from solvers.local.polish import polish
@@ -276,13 +276,11 @@ def _slot_restart(instance, cand, result, seed: int, moves: int, budget_end: flo
 
 
 def _max_min_order(instance, cand, seed: int, groups: dict | None) -> list[int] | None:
-    """The node order of the configuration on max-min node groups (solvers/local/bottleneck.py) where its stages
-    are three nodes or more; None for two (or where the groups do not apply)."""
+    """The configuration's node order on max-min node groups (solvers/local/bottleneck.py) where its stages are
+    three nodes or more; None for two (a random order starts those)."""
     if nodes_per_stage(instance, cand.config) < 3:
         return None
-    placed = bottleneck_start(instance, cand.config, cand.placement.layers_per_stage, seed, groups)
-    per_node = instance.cluster.nodes[0].num_gpus
-    return [int(instance.cluster.gpu_node[g]) for g in placed.gpus[::per_node]]
+    return max_min_order(instance, cand.config, seed, groups)
 
 
 def _slot_tables(instance, cand, tables: dict):
