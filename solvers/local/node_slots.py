@@ -19,8 +19,8 @@ The tables are built from the evaluator's own functions: F is evaluate() of the 
 the rest, and the tables must then give evaluate()'s time on CHECK_ORDERS random orders before they are used
 (`slot_tables` returns None where they do not). A cluster they cannot describe (a node with other NVLink figures,
 GPU pairs with figures of their own) is left to the annealer at once. A proposal costs table look-ups for the
-stages and boundaries it touches, not a FastScorer update: on measured_16 about 95,000 a second, the annealer's
-about 27,000.
+stages and boundaries it touches, not a FastScorer update: on measured_16 about 93,000 a second, the annealer's
+about 12,000 (one run of each, two seeds: 7.6-7.8 times).
 
 `slot_anneal` is simulated annealing over node orders with Pipette's node moves (a swap of two nodes, the reverse
 of a segment of the order, a segment rotated by one): a reverse is a 2-opt move on the K chains of sends (one

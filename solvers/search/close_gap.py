@@ -101,7 +101,7 @@ POLISH_NODES = 64
 MIN_ANNEAL_S = 0.5
 # with a time limit, phase 2's restarts (odd rounds), where every stage is whole nodes and the slot tables apply
 # (solvers/local/node_slots.py): a random node order annealed over node orders with this many times the round's
-# proposals, each table look-ups (measured_16: about 95,000 a second, the annealer 27,000). measured_16 at 60 s,
+# proposals, each table look-ups (measured_16: about 93,000 a second, the annealer 12,000). measured_16 at 60 s,
 # seeds 0-2: 7.682575 / 7.682384 / 7.682384 s, where the annealer's restarts ended at 7.682582-7.682980 s and a
 # node-permutation SA of the whole 60 s at 7.68238-7.68291 s (median 7.68268). Without a time limit phase 2's one
 # restart stays the annealer's: with the tables h100_128's plan went from 29.518308 to 29.518356 s (the annealer's
