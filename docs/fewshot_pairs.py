@@ -3,6 +3,7 @@ visible cluster (source x GPU type, >= 4 runs): which knobs two or more runs can
 
     python docs/fewshot_pairs.py                 # about 4 minutes on 2 cores
     python docs/fewshot_pairs.py --per-cluster   # two runs, the shipped rule, every pair: per cluster (~12 min)
+    python docs/fewshot_pairs.py --rules         # two runs, other rules than the shipped one, per cluster (~5 min)
 
 Each run's iteration time is tabulated on a grid of (log compute scale, log network scale) over the
 leave-one-source-out model (overhead is additive), so that thousands of fits take seconds; each fit is the
@@ -11,7 +12,9 @@ number of calibration runs, the median over clusters of the median |error| of th
 clusters are above 5%) for: three knobs with the shipped priors, and the compute scale alone. With
 --per-cluster: for two runs and the compute scale alone (the shipped rule for two runs), per cluster over every
 pair of its runs, the median, quartiles and share of pairs above 5% of the median |error| of its other runs:
-what `solve validate --few-shot`'s one pair (the runs at the quartiles of measured time) is a sample of.
+what `solve validate --few-shot`'s one pair (the runs at the quartiles of measured time) is a sample of. With
+--rules: the same per-cluster median over every pair for other two-run rules than the shipped one (a single
+knob chosen by the fit's own objective among compute, network and overhead; two knobs; all three).
 """
 
 import itertools
@@ -46,14 +49,17 @@ def _huber(r: np.ndarray) -> np.ndarray:
     return huber_loss(r, HUBER_RUNS * RUN_SPREAD)
 
 
-def fit(chosen, all_knobs: bool):
+def fit(chosen, all_knobs: bool, knobs: tuple | None = None):
+    """The knob choice on the grid; `knobs` (compute, network, overhead: True where the knob is free, with its
+    shipped prior) overrides `all_knobs`. Returns the grid indices, the overhead in seconds and the objective."""
+    knobs = knobs or ((True, True, True) if all_knobs else (True, False, False))
     mean_t = statistics.fmean(m for _, m in chosen)
     objective = sum(_huber(np.log((t[:, :, None] + FINE_O[None, None, :] * mean_t) / m)) for t, m in chosen)
-    pull = [RUN_SPREAD / s for s in KNOB_SPREAD] if all_knobs else [RUN_SPREAD / KNOB_SPREAD[0], 1e3, 1e3]
+    pull = [RUN_SPREAD / s if free else 1e3 for s, free in zip(KNOB_SPREAD, knobs)]
     objective = objective + (pull[0] * FINE_C[:, None, None]) ** 2 + (pull[1] * FINE_N[None, :, None]) ** 2 \
         + (pull[2] * FINE_O[None, None, :]) ** 2
     i, j, k = np.unravel_index(np.argmin(objective), objective.shape)
-    return i, j, FINE_O[k] * mean_t
+    return i, j, FINE_O[k] * mean_t, objective[i, j, k]
 
 
 def per_cluster(clusters: dict) -> None:
@@ -63,7 +69,7 @@ def per_cluster(clusters: dict) -> None:
             continue
         per_pair = []
         for pair in itertools.combinations(range(len(runs)), 2):
-            i, j, o = fit([runs[k] for k in pair], False)
+            i, j, o, _ = fit([runs[k] for k in pair], False)
             per_pair.append(statistics.median(abs((t[i, j] + o) / m - 1)
                                               for k, (t, m) in enumerate(runs) if k not in pair))
         q1, _, q3 = statistics.quantiles(per_pair, n=4)
@@ -73,6 +79,35 @@ def per_cluster(clusters: dict) -> None:
               f"pairs above 5%: {above:.0%}", flush=True)
 
 
+TWO_RUN_RULES = {"compute": [(True, False, False)],  # the shipped rule
+                 "best single knob": [(True, False, False), (False, True, False), (False, False, True)],
+                 "compute + network": [(True, True, False)], "compute + overhead": [(True, False, True)],
+                 "three knobs": [(True, True, True)]}
+
+
+def compare_rules(clusters: dict) -> None:
+    """Two runs, every pair of each cluster's runs, per two-run rule: the median over pairs of the other runs'
+    median |error|. A rule with several candidates keeps the one whose fit objective is lowest."""
+    per_rule = {name: [] for name in TWO_RUN_RULES}
+    for (family, gpu_type), runs in sorted(clusters.items()):
+        if len(runs) < 4:
+            continue
+        cells = []
+        for name, candidates in TWO_RUN_RULES.items():
+            per_pair = []
+            for pair in itertools.combinations(range(len(runs)), 2):
+                i, j, o, _ = min((fit([runs[k] for k in pair], False, knobs) for knobs in candidates),
+                                 key=lambda f: f[3])
+                per_pair.append(statistics.median(abs((t[i, j] + o) / m - 1)
+                                                  for k, (t, m) in enumerate(runs) if k not in pair))
+            per_rule[name].append(statistics.median(per_pair))
+            cells.append(f"{name} {100 * per_rule[name][-1]:.1f}%")
+        print(f"{family} ({gpu_type}), {len(runs)} runs: " + ", ".join(cells), flush=True)
+    for name, medians in per_rule.items():
+        print(f"{name}: median over {len(medians)} clusters {100 * statistics.median(medians):.1f}%, "
+              f"above 5%: {sum(m > 0.05 for m in medians)}")
+
+
 def main() -> None:
     predictions = [p for p in crossval.cross_validate(crossval.reference_runs()) if p.timed]
     clusters: dict = {}
@@ -80,6 +115,9 @@ def main() -> None:
         clusters.setdefault((p.family, p.run.gpu_type), []).append((tabulate(p), p.run.measured_iter_s))
     if "--per-cluster" in sys.argv[1:]:
         per_cluster(clusters)
+        return
+    if "--rules" in sys.argv[1:]:
+        compare_rules(clusters)
         return
     for shots in (2, 3, 4, 6):
         for all_knobs in (True, False):
@@ -91,7 +129,7 @@ def main() -> None:
                 random.Random(0).shuffle(subsets)
                 per_subset = []
                 for subset in subsets[:60]:
-                    i, j, o = fit([runs[k] for k in subset], all_knobs)
+                    i, j, o, _ = fit([runs[k] for k in subset], all_knobs)
                     per_subset.append(statistics.median(abs((t[i, j] + o) / m - 1)
                                                         for k, (t, m) in enumerate(runs) if k not in subset))
                 medians.append(statistics.median(per_subset))
