@@ -4,6 +4,7 @@ visible cluster (source x GPU type, >= 4 runs): which knobs two or more runs can
     python docs/fewshot_pairs.py                 # about 4 minutes on 2 cores
     python docs/fewshot_pairs.py --per-cluster   # two runs, the shipped rule, every pair: per cluster (~12 min)
     python docs/fewshot_pairs.py --rules         # two runs, other rules than the shipped one, per cluster (~5 min)
+    python docs/fewshot_pairs.py --disagreement  # how the runs' leave-one-out error foretells the others' (~3 min)
 
 Each run's iteration time is tabulated on a grid of (log compute scale, log network scale) over the
 leave-one-source-out model (overhead is additive), so that thousands of fits take seconds; each fit is the
@@ -14,7 +15,10 @@ clusters are above 5%) for: three knobs with the shipped priors, and the compute
 pair of its runs, the median, quartiles and share of pairs above 5% of the median |error| of its other runs:
 what `solve validate --few-shot`'s one pair (the runs at the quartiles of measured time) is a sample of. With
 --rules: the same per-cluster median over every pair for other two-run rules than the shipped one (a single
-knob chosen by the fit's own objective among compute, network and overhead; two knobs; all three).
+knob chosen by the fit's own objective among compute, network and overhead; two knobs; all three). With
+--disagreement: every pair and up to 60 subsets of 3 runs of each cluster, binned by the calibration runs' own
+median leave-one-out error (what `solve calibrate` prints and warns on above fewshot.DISAGREEMENT), with the
+median |error| of the cluster's other runs per bin.
 """
 
 import itertools
@@ -29,7 +33,7 @@ from scipy.interpolate import RegularGridInterpolator
 from formulation.evaluate import evaluate
 from formulation.inputs.user_calibration import UserCalibration, apply_user_calibration
 from solvers.validation import crossval
-from solvers.validation.fewshot import HUBER_RUNS, KNOB_SPREAD, RUN_SPREAD
+from solvers.validation.fewshot import DISAGREEMENT, HUBER_RUNS, KNOB_SPREAD, MIN_RUNS_FOR_ALL_KNOBS, RUN_SPREAD
 from solvers.validation.joint_fit import huber_loss
 
 LOG_C, LOG_N = np.linspace(-0.4, 0.4, 17), np.linspace(-1.5, 1.5, 13)
@@ -108,6 +112,42 @@ def compare_rules(clusters: dict) -> None:
               f"above 5%: {sum(m > 0.05 for m in medians)}")
 
 
+def _leave_one_out(chosen: list) -> float:
+    """Median |error| of each calibration run predicted from the shipped rule's fit on the others."""
+    errors = []
+    for y, (t, m) in enumerate(chosen):
+        others = [run for k, run in enumerate(chosen) if k != y]
+        i, j, o, _ = fit(others, len(others) >= MIN_RUNS_FOR_ALL_KNOBS)
+        errors.append(abs((t[i, j] + o) / m - 1))
+    return statistics.median(errors)
+
+
+def disagreement(clusters: dict) -> None:
+    """Does the calibration runs' disagreement foretell how well they calibrate the rest of their cluster?"""
+    for shots in (2, 3):
+        binned = []
+        for runs in clusters.values():
+            if len(runs) < shots + 2:
+                continue
+            subsets = list(itertools.combinations(range(len(runs)), shots))
+            random.Random(0).shuffle(subsets)
+            for subset in subsets if shots == 2 else subsets[:60]:
+                chosen = [runs[k] for k in subset]
+                i, j, o, _ = fit(chosen, shots >= MIN_RUNS_FOR_ALL_KNOBS)
+                rest = statistics.median(abs((t[i, j] + o) / m - 1) for k, (t, m) in enumerate(runs) if k not in subset)
+                binned.append((_leave_one_out(chosen), rest))
+        for lo, hi in ((0.0, 0.05), (0.05, DISAGREEMENT), (DISAGREEMENT, 0.12), (0.12, 0.2), (0.2, math.inf)):
+            rests = [r for loo, r in binned if lo <= loo < hi]
+            if rests:
+                print(f"{shots} runs, leave-one-out {100 * lo:.1f}-{100 * hi:.1f}%: {len(rests)} subsets, the other "
+                      f"runs' median |error| {100 * statistics.median(rests):.1f}%, above 5% in "
+                      f"{sum(r > 0.05 for r in rests) / len(rests):.0%}", flush=True)
+        for name, side in (("below", [r for loo, r in binned if loo < DISAGREEMENT]),
+                           ("at or above", [r for loo, r in binned if loo >= DISAGREEMENT])):
+            print(f"{shots} runs, leave-one-out {name} {100 * DISAGREEMENT:.1f}%: {len(side)} subsets, the other runs' "
+                  f"median |error| {100 * statistics.median(side):.1f}%")
+
+
 def main() -> None:
     predictions = [p for p in crossval.cross_validate(crossval.reference_runs()) if p.timed]
     clusters: dict = {}
@@ -118,6 +158,9 @@ def main() -> None:
         return
     if "--rules" in sys.argv[1:]:
         compare_rules(clusters)
+        return
+    if "--disagreement" in sys.argv[1:]:
+        disagreement(clusters)
         return
     for shots in (2, 3, 4, 6):
         for all_knobs in (True, False):

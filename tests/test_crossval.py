@@ -105,6 +105,39 @@ def test_calibrate_writes_knobs_that_solve_applies(tmp_path):
     assert slowed["estimate"]["iteration_time_s"] > 1.5 * base["estimate"]["iteration_time_s"]
 
 
+def _runs_file(tmp_path, rows: list[int]):
+    """A user's runs CSV of these rows of the packaged reference (row k is line k + 1, after the header)."""
+    lines = (REPO / "formulation" / "data" / "reference" / "published_runs.csv").read_text().splitlines()
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join([lines[0]] + [lines[k + 1] for k in rows]) + "\n")
+    return path
+
+
+def test_calibrate_warns_when_its_runs_disagree(tmp_path):
+    """llm-foundry's MPT-70B on 128 and on 64 A100-40GB (rows 121 and 122) disagree: each predicts the other
+    about 20% off, beyond sqrt(2) x RUN_SPREAD, and both `solve calibrate` and `solve --calibration` say so. Two
+    DGX Cloud runs of one configuration at dp 8 and 64 (rows 61 and 68) agree within 3%: no warning."""
+    instance = REPO / "instances" / "small_2x4.json"
+    for rows, disagree in (([121, 122], True), ([61, 68], False)):
+        cal_path = tmp_path / f"cal_{rows[0]}.json"
+        out = run_solve("calibrate", "--runs", _runs_file(tmp_path, rows), "--output", cal_path)
+        assert out.returncode == 0, out.stderr
+        assert ("warning: the calibration runs disagree" in out.stderr) == disagree, out.stderr
+        cal = load_user_calibration(cal_path)
+        assert (cal.leave_one_out_error > fewshot.DISAGREEMENT) == disagree
+        planned = run_solve("--instance", instance, "--method", "baseline", "--calibration", cal_path)
+        assert planned.returncode == 0, planned.stderr
+        assert ("calibration runs disagree" in planned.stderr) == disagree, planned.stderr
+
+
+@pytest.mark.parametrize("loo, warns", [(None, False), (0.05, False), (0.2, True), ("0.2", False), (True, False)])
+def test_disagreement_warning_reads_only_a_number(loo, warns):
+    """The threshold is sqrt(2) x RUN_SPREAD (8.1%); a hand-edited calibration file's non-number is no warning
+    and no crash."""
+    assert math.isclose(fewshot.DISAGREEMENT, math.sqrt(2) * fewshot.RUN_SPREAD)
+    assert (fewshot.disagreement_warning(UserCalibration(leave_one_out_error=loo)) is not None) == warns
+
+
 def test_validate_handles_a_one_row_file(tmp_path):
     lines = (REPO / "formulation" / "data" / "reference" / "published_runs.csv").read_text().splitlines()
     one = tmp_path / "one.csv"

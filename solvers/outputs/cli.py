@@ -141,7 +141,11 @@ def run(argv: list[str]) -> int:
     try:
         instance = load_instance(args.instance)
         if args.calibration:
-            instance = apply_user_calibration(instance, load_user_calibration(args.calibration))
+            calibration = load_user_calibration(args.calibration)
+            instance = apply_user_calibration(instance, calibration)
+            from solvers.validation.fewshot import disagreement_warning  # the validation stack only when asked
+            if disagreement_warning(calibration):
+                print(f"warning: {args.calibration}: {disagreement_warning(calibration)}", file=sys.stderr)
         for warning in instance.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.

@@ -38,6 +38,13 @@ MIN_RUNS_FOR_ALL_KNOBS = 3
 # median is within 5%), so a run far from its companions moves the fit by a bounded amount, and two runs that
 # contradict each other leave the knobs nearer to "no change" than to their midpoint.
 HUBER_RUNS = 1.345
+# Two runs' log errors each spread by RUN_SPREAD around their cluster's common factor, so one run predicted from a
+# fit on the other is off by sqrt(2) x RUN_SPREAD at one standard deviation. A median leave-one-out error beyond
+# that says the runs differ by more than a common factor explains, and the calibration then predicts the cluster's
+# other configurations about twice as far off: over every pair of the visible clusters' runs a median error of
+# 6.7% where the pair's leave-one-out error is beyond it, 3.1% where it is within; over 3-run subsets 5.3% against
+# 3.4% (docs/fewshot_pairs.py --disagreement). `solve calibrate` and `solve --calibration` warn then.
+DISAGREEMENT = math.sqrt(2) * RUN_SPREAD
 
 
 def _knobs(z: np.ndarray, mean_time_s: float) -> UserCalibration:
@@ -83,6 +90,19 @@ def leave_one_out(cases: list[tuple], names: tuple) -> tuple[UserCalibration, li
     full = fit_user_calibration(cases, names)
     loo = statistics.median(abs(e) for e in errors) if errors else None
     return UserCalibration(full.compute_scale, full.network_scale, full.iteration_overhead_s, names, loo), errors
+
+
+def disagreement_warning(cal: UserCalibration) -> str | None:
+    """One line for a calibration whose runs disagree beyond DISAGREEMENT (its stored leave-one-out error), else
+    None."""
+    loo = cal.leave_one_out_error
+    if isinstance(loo, bool) or not isinstance(loo, (int, float)) or not loo >= DISAGREEMENT:
+        return None
+    return (f"the calibration runs disagree (median leave-one-out error {100 * loo:.1f} %, above "
+            f"{100 * DISAGREEMENT:.1f} %): the model misses a difference between their configurations that no "
+            "common knob removes; on the reference clusters, calibrations whose runs disagreed this much predicted "
+            "their other configurations with a median error of 5-7 % (3 % where the runs agreed). Add runs like the "
+            "plans you will compare (docs/validation.md)")
 
 
 def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int = 4) -> list[dict]:

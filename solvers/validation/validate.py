@@ -342,6 +342,9 @@ def _calibrate(args) -> int:
         print(f"  leave-one-out: row {r.row} ({r.name}) predicted {100 * e:+.1f} %")
     if cal.leave_one_out_error is not None:
         print(f"median |error| predicting each run from the others: {100 * cal.leave_one_out_error:.1f} %")
+    warning = fewshot.disagreement_warning(cal)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"written to {args.output}; apply with --calibration {args.output}")
     return 0
 
