@@ -116,7 +116,8 @@ def _runs_file(tmp_path, rows: list[int]):
 def test_calibrate_warns_when_its_runs_disagree(tmp_path):
     """llm-foundry's MPT-70B on 128 and on 64 A100-40GB (rows 121 and 122) disagree: each predicts the other
     about 20% off, beyond sqrt(2) x RUN_SPREAD, and both `solve calibrate` and `solve --calibration` say so. Two
-    DGX Cloud runs of one configuration at dp 8 and 64 (rows 61 and 68) agree within 3%: no warning."""
+    DGX Cloud Llama-3.1-70B runs (row 61 in bf16 at dp 16, row 68 in FP8 at dp 32) predict each other within 3%:
+    no warning."""
     instance = REPO / "instances" / "small_2x4.json"
     for rows, disagree in (([121, 122], True), ([61, 68], False)):
         cal_path = tmp_path / f"cal_{rows[0]}.json"

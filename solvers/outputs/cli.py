@@ -144,8 +144,9 @@ def run(argv: list[str]) -> int:
             calibration = load_user_calibration(args.calibration)
             instance = apply_user_calibration(instance, calibration)
             from solvers.validation.fewshot import disagreement_warning  # the validation stack only when asked
-            if disagreement_warning(calibration):
-                print(f"warning: {args.calibration}: {disagreement_warning(calibration)}", file=sys.stderr)
+            disagreement = disagreement_warning(calibration)
+            if disagreement:
+                print(f"warning: {args.calibration}: {disagreement}", file=sys.stderr)
         for warning in instance.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.
