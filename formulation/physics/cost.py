@@ -48,6 +48,8 @@ PHYSICS_TERMS = {
     "compiled_loss": True,  # ... unless torch.compile compiles the loss: the bf16 logits and gradient only
     "eager_working_memory": True,  # eager torchtitan's checkpointed backward holds each op's output and gradient
     "fsdp_pp_unsharded": True,  # torchtitan keeps FSDP parameters unsharded across micro-batches with pp
+    # context parallelism's ring steps off the diagonal are non-causal attention calls, faster per FLOP (C2)
+    "noncausal_ring_steps": True,
     # a fixed time per iteration (optimizer launches, loss and grad-norm all-reduces, logging), fitted with the
     # efficiencies (solvers/validation/joint_fit.py); off: the fits hold it at 0
     "iteration_overhead": True,
@@ -168,6 +170,24 @@ def fp8_gemms(job, gpu_type) -> bool:
     return job.precision == "fp8" and gpu_type.peak_fp8_tflops > 0 and term("fp8_gemm")
 
 
+# A flash-attention kernel runs a non-causal call faster per FLOP than a causal one (no masked diagonal tiles, an
+# even load across the grid): FlashAttention-3's paper (Shah et al. 2024, H100 SXM5, head dim 128) measures FA2's
+# forward at 370 against 335 TFLOP/s and cuDNN's at 595 against 539 at 16k tokens, both 1.10 (1.15-1.18 at 4k).
+# The attention efficiencies of gpu_types.json are causal figures; the ring's chunks are 8k-32k tokens long.
+NONCAUSAL_SPEEDUP = 1.10
+
+
+def attention_time(attn_flops: float, job, p, gpu_type) -> float:
+    """(C2) The attention core's forward at the GPU's (causal) attention efficiency. With flash attention and
+    context parallelism, the load-balanced ring computes 1/cp of a rank's work in its local causal call and the
+    rest in non-causal calls against the other ranks' chunks, NONCAUSAL_SPEEDUP times faster
+    (`noncausal_ring_steps`)."""
+    time = attn_flops / (gpu_type.peak_tflops * 1e12 * gpu_type.attention_efficiency)
+    if job.flash_attention and p.cp > 1 and term("noncausal_ring_steps"):
+        time *= 1 / p.cp + (1 - 1 / p.cp) / NONCAUSAL_SPEEDUP
+    return time
+
+
 def layer_compute(model, job, p, gpu_type) -> LayerTimes:
     """(C1)-(C2) Forward time of one layer for one micro-batch on one GPU of `gpu_type`.
 
@@ -183,8 +203,7 @@ def layer_compute(model, job, p, gpu_type) -> LayerTimes:
     # Flash attention skips the masked half; the unfused path computes the whole s x s score matrix and
     # streams it through memory: written by QK^T, read and written by softmax (and dropout), read by AV.
     attn_flops = model.layer_attention_flops(tokens, job.seq_length, causal=job.flash_attention) / p.tp
-    peak = gpu_type.peak_tflops * 1e12
-    attention = attn_flops / (peak * gpu_type.attention_efficiency)
+    attention = attention_time(attn_flops, job, p, gpu_type)
     if not job.flash_attention:
         scores = model.num_attention_heads * tokens * job.seq_length / p.tp
         attention += scores * 2.0 * (4 + (2 if model.dropout else 0)) / (gpu_type.hbm_gb_per_s * 1e9)

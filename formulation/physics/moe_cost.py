@@ -123,7 +123,7 @@ def layer_compute(model, job, p, gpu_type, kind: str | None = None) -> cost.Laye
     attn_flops = 2.0 * tokens * job.seq_length * model.num_attention_heads * (dqk + dv) / p.tp
     if job.flash_attention:
         attn_flops /= 2
-    attention = attn_flops / (gpu_type.peak_tflops * 1e12 * gpu_type.attention_efficiency)
+    attention = cost.attention_time(attn_flops, job, p, gpu_type)
     return cost.LayerTimes(matmul_fwd=(1 - share) * dense + share * moe, attention_fwd=attention,
                            elementwise_fwd=elementwise_bytes(model, job, p, gpu_type, kind)
                            / (gpu_type.hbm_gb_per_s * 1e9))
