@@ -42,8 +42,8 @@ HUBER_RUNS = 1.345
 # fit on the other is off by sqrt(2) x RUN_SPREAD at one standard deviation. A median leave-one-out error beyond
 # that says the runs differ by more than a common factor explains, and the calibration then predicts the cluster's
 # other configurations about twice as far off: over every pair of the visible clusters' runs a median error of
-# 6.7% where the pair's leave-one-out error is beyond it, 3.1% where it is within; over 3-run subsets 5.3% against
-# 3.4% (docs/fewshot_pairs.py --disagreement). `solve calibrate` and `solve --calibration` warn then.
+# 6.9% where the pair's leave-one-out error is beyond it, 2.7% where it is within; over 3-run subsets 5.3% against
+# 2.9% (docs/fewshot_pairs.py --disagreement). `solve calibrate` and `solve --calibration` warn then.
 DISAGREEMENT = math.sqrt(2) * RUN_SPREAD
 
 
