@@ -1,0 +1,74 @@
+"""(C2) The attention core against published kernel figures: H100's causal attention efficiency from
+FlashAttention-2's forward and backward, and context parallelism's ring steps as non-causal calls
+(`noncausal_ring_steps`, docs/physics.md), checked against NeMo's long-sequence runs."""
+
+from __future__ import annotations
+
+import statistics
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import build_instance, small_instance_dict
+from formulation import evaluate
+from formulation.physics import cost
+from solvers.validation.runs import load_runs
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {r.row: r for r in load_runs()}
+
+
+def predicted(run) -> float:
+    return evaluate(run.instance, run.placement, check=False).iteration_time_s
+
+
+def test_h100_attention_efficiency_is_fa2_forward_and_backward():
+    """(C2) H100's causal attention efficiency from FlashAttention-2's kernel throughput on H100 SXM5 at head dim
+    128 (FlashAttention-3's paper): causal forward 298 / 319 TFLOP/s at 2k / 4k tokens, backward 291 / 310. FA2
+    counts the backward as 2.5 forward passes and the model as 2, so the model's rate is 3 / (1/fwd + 2.5/bwd):
+    0.254 and 0.271 of the 989 TFLOP/s peak, and the catalog's 0.26 lies between (0.29 had taken the 16k forward
+    figure alone)."""
+    h100 = build_instance(small_instance_dict()).cluster.gpu_types["h100-sxm-80gb"]
+    low, high = (3 / (1 / fwd + 2.5 / bwd) / h100.peak_tflops for fwd, bwd in ((298, 291), (319, 310)))
+    assert low < h100.attention_efficiency < high
+
+
+@pytest.mark.parametrize("cp", [1, 2, 8])
+def test_noncausal_ring_steps_run_at_the_noncausal_rate(cp):
+    """(C2) With context parallelism a rank's local causal call is 1/cp of its attention work and the ring steps
+    against the other ranks' chunks are non-causal calls, 1.10 times faster (FA2 370 against 335 and cuDNN 595
+    against 539 TFLOP/s at 16k tokens on H100). Term off: the causal rate throughout; cp = 1: unchanged."""
+    instance = build_instance(small_instance_dict())
+    gpu = instance.cluster.gpu_types["h100-sxm-80gb"]
+    p = SimpleNamespace(cp=cp, tp=1, micro_batch_size=1)
+    on = cost.attention_time(1e12, instance.training, p, gpu)
+    cost.PHYSICS_TERMS["noncausal_ring_steps"] = False
+    try:
+        off = cost.attention_time(1e12, instance.training, p, gpu)
+    finally:
+        cost.PHYSICS_TERMS["noncausal_ring_steps"] = True
+    assert off == pytest.approx(1e12 / (gpu.peak_tflops * 1e12 * gpu.attention_efficiency), rel=1e-12)
+    assert on == pytest.approx(off * (1 / cp + (1 - 1 / cp) / 1.10), rel=1e-12)
+
+
+def test_noncausal_ring_steps_level_the_long_sequence_rows(runs):
+    """NeMo's long-sequence tables (LLAMA2-7B on H100, rows 88-96; LLAMA3-8B on B200, rows 97-104): the runs
+    with context parallelism and those without sit within 5 points of each other (median error) with the term;
+    without it the H100 runs with cp came out 11.8 points slower than those without."""
+    def gap() -> list[float]:
+        gaps = []
+        for rows in (range(88, 97), range(97, 105)):
+            errors = {k: predicted(runs[k]) / runs[k].measured_iter_s - 1 for k in rows}
+            with_cp = [e for k, e in errors.items() if runs[k].placement.cp > 1]
+            without = [e for k, e in errors.items() if runs[k].placement.cp == 1]
+            gaps.append(statistics.median(with_cp) - statistics.median(without))
+        return gaps
+
+    assert all(abs(g) < 0.05 for g in gap())
+    cost.PHYSICS_TERMS["noncausal_ring_steps"] = False
+    try:
+        assert gap()[0] > 0.10
+    finally:
+        cost.PHYSICS_TERMS["noncausal_ring_steps"] = True
