@@ -66,6 +66,13 @@ def fit(chosen, all_knobs: bool, knobs: tuple | None = None):
     return i, j, FINE_O[k] * mean_t, objective[i, j, k]
 
 
+def rest_error(runs: list, chosen: tuple, fitted: tuple) -> float:
+    """Median |error| of the cluster's runs outside `chosen` under the knobs of `fitted` (fit's grid indices and
+    overhead)."""
+    i, j, o = fitted[:3]
+    return statistics.median(abs((t[i, j] + o) / m - 1) for k, (t, m) in enumerate(runs) if k not in chosen)
+
+
 def per_cluster(clusters: dict) -> None:
     """Two runs, compute scale alone, every pair of each cluster's runs."""
     for (family, gpu_type), runs in sorted(clusters.items()):
@@ -73,9 +80,7 @@ def per_cluster(clusters: dict) -> None:
             continue
         per_pair = []
         for pair in itertools.combinations(range(len(runs)), 2):
-            i, j, o, _ = fit([runs[k] for k in pair], False)
-            per_pair.append(statistics.median(abs((t[i, j] + o) / m - 1)
-                                              for k, (t, m) in enumerate(runs) if k not in pair))
+            per_pair.append(rest_error(runs, pair, fit([runs[k] for k in pair], False)))
         q1, _, q3 = statistics.quantiles(per_pair, n=4)
         above = sum(e > 0.05 for e in per_pair) / len(per_pair)
         print(f"{family} ({gpu_type}): {len(runs)} runs, {len(per_pair)} pairs: median "
@@ -100,10 +105,8 @@ def compare_rules(clusters: dict) -> None:
         for name, candidates in TWO_RUN_RULES.items():
             per_pair = []
             for pair in itertools.combinations(range(len(runs)), 2):
-                i, j, o, _ = min((fit([runs[k] for k in pair], False, knobs) for knobs in candidates),
-                                 key=lambda f: f[3])
-                per_pair.append(statistics.median(abs((t[i, j] + o) / m - 1)
-                                                  for k, (t, m) in enumerate(runs) if k not in pair))
+                best = min((fit([runs[k] for k in pair], False, knobs) for knobs in candidates), key=lambda f: f[3])
+                per_pair.append(rest_error(runs, pair, best))
             per_rule[name].append(statistics.median(per_pair))
             cells.append(f"{name} {100 * per_rule[name][-1]:.1f}%")
         print(f"{family} ({gpu_type}), {len(runs)} runs: " + ", ".join(cells), flush=True)
@@ -133,8 +136,7 @@ def disagreement(clusters: dict) -> None:
             random.Random(0).shuffle(subsets)
             for subset in subsets if shots == 2 else subsets[:60]:
                 chosen = [runs[k] for k in subset]
-                i, j, o, _ = fit(chosen, shots >= MIN_RUNS_FOR_ALL_KNOBS)
-                rest = statistics.median(abs((t[i, j] + o) / m - 1) for k, (t, m) in enumerate(runs) if k not in subset)
+                rest = rest_error(runs, subset, fit(chosen, shots >= MIN_RUNS_FOR_ALL_KNOBS))
                 binned.append((_leave_one_out(chosen), rest))
         for lo, hi in ((0.0, 0.05), (0.05, DISAGREEMENT), (DISAGREEMENT, 0.12), (0.12, 0.2), (0.2, math.inf)):
             rests = [r for loo, r in binned if lo <= loo < hi]
@@ -172,9 +174,7 @@ def main() -> None:
                 random.Random(0).shuffle(subsets)
                 per_subset = []
                 for subset in subsets[:60]:
-                    i, j, o, _ = fit([runs[k] for k in subset], all_knobs)
-                    per_subset.append(statistics.median(abs((t[i, j] + o) / m - 1)
-                                                        for k, (t, m) in enumerate(runs) if k not in subset))
+                    per_subset.append(rest_error(runs, subset, fit([runs[k] for k in subset], all_knobs)))
                 medians.append(statistics.median(per_subset))
             print(f"{shots} runs, {'three knobs' if all_knobs else 'compute only'}: median over {len(medians)} "
                   f"clusters {100 * statistics.median(medians):.1f}%, above 5%: {sum(m > 0.05 for m in medians)}")
