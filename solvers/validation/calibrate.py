@@ -28,15 +28,6 @@ CHIPS = {
     "v100-sxm-32gb": ("v100-sxm-32gb",),
 }
 FITTED = ("matmul_efficiency",)  # per chip and stack; iteration_overhead_s is shared (`default`)
-# Rows not used for fitting nor for the accuracy figures, with the reason (printed by `solve validate`).
-EXCLUDED = {
-    row: "DeepSpeed ZeRO-3 baseline of SC21 (2021): its per-parameter gathers ran far below NCCL link bandwidth "
-         "(measured 3-5x slower than the bandwidth bound); our ZeRO-3 model assumes bucketed per-layer "
-         "gathers at full bandwidth as in PyTorch FSDP, which the MPT rows validate"
-    for row in range(10, 16)
-}
-
-
 def chip_of(gpu_type: str) -> str | None:
     return next((chip for chip, members in CHIPS.items() if gpu_type in members), None)
 
@@ -50,7 +41,7 @@ def with_parameters(run: Run, params: dict):
 
 
 def usable(runs: list[Run]) -> list[Run]:
-    return [r for r in runs if r.skipped_reason is None and r.row not in EXCLUDED and chip_of(r.gpu_type) and r.fitted]
+    return [r for r in runs if r.skipped_reason is None and chip_of(r.gpu_type) and r.fitted]
 
 
 def calibration_key(run: Run) -> str:

@@ -23,7 +23,7 @@ from formulation.evaluate import evaluate
 from formulation.inputs.gpus import gpu_catalog
 from formulation.intervals import MIN_GROUP_RUNS, POOLED, interval_group
 from formulation.physics.memory import GIB
-from solvers.validation.calibrate import EXCLUDED, calibration_key, chip_of, with_parameters
+from solvers.validation.calibrate import calibration_key, chip_of, with_parameters
 from solvers.validation.joint_fit import TimeTables, joint_fit
 from solvers.validation.runs import Run, load_runs
 
@@ -64,12 +64,12 @@ def reference_runs() -> list[Run]:
 
 def scored(runs: list[Run]) -> list[Run]:
     """Runs the model can score (a time and a configuration) and that no documented reason excludes."""
-    return [r for r in runs if r.skipped_reason is None and r.row not in EXCLUDED]
+    return [r for r in runs if r.skipped_reason is None]
 
 
 def measured_oom(runs: list[Run]) -> list[Run]:
     """Runs that measured out-of-memory (no time): scored on the memory call alone."""
-    return [r for r in runs if r.measured_oom and r.instance is not None and r.row not in EXCLUDED]
+    return [r for r in runs if r.measured_oom and r.instance is not None]
 
 
 @dataclass

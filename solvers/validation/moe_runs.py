@@ -23,7 +23,7 @@ from formulation.placement import Placement
 
 MOE_COLUMNS = ("model_preset", "ep", "etp", "dispatcher", "layers_per_stage")
 # MoE rows are numbered from 2000 (torchtitan's from 1000), so that no row number of the dense reference files
-# (e.g. calibrate.EXCLUDED's SC21 rows 10-15) names one of them.
+# (e.g. runs.EXCLUDED's SC21 rows 10-15) names one of them.
 MOE_ROW_OFFSET = 2000
 # The ModelZoo's abbreviations of Megatron-Core's --recompute-modules
 MODULE_ALIASES = {"norm": "layernorm", "act": "moe_act"}

@@ -31,7 +31,7 @@ from formulation.physics.cost import PHYSICS_TERMS
 from solvers.outputs.arguments import OneLineParser
 from solvers.outputs.files import save_figure_atomic, write_json_atomic
 from solvers.validation import crossval, fewshot
-from solvers.validation.calibrate import EXCLUDED, chip_of
+from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
 from solvers.validation.report import print_ablation, print_few_shot, print_predicted_rows, print_summary
@@ -48,8 +48,6 @@ def validate_runs(path: Path) -> dict:
                 "predicted_peak_memory_gb": None, "predicted_oom": None, "measured_oom": run.measured_oom,
                 "measured_peak_memory_gb": run.measured_peak_memory_gb, "skipped_reason": run.skipped_reason,
                 "split": "test" if is_test_row(run.row) else "fit"}
-        if run.skipped_reason is None and run.row in EXCLUDED and path == DEFAULT_RUNS:
-            item["skipped_reason"] = f"excluded: {EXCLUDED[run.row]}"
         if run.skipped_reason is None:
             est = evaluate(run.instance, run.placement, check=False)
             capacity = min(m.memory.capacity_gib for m in est.stages)
