@@ -12,7 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from formulation.errors import InputError, Section
-from formulation.inputs.job import RECOMPUTE_CHOICES, ZERO_STAGES
+from formulation.inputs.job import PYTORCH_STACKS, RECOMPUTE_CHOICES, ZERO_STAGES
 
 
 @dataclass(frozen=True, order=True)
@@ -250,8 +250,11 @@ def check_placement(instance, p: Placement, file: str) -> None:
 
 
 def check_block_recompute(model, job, p: Placement, bad) -> None:
-    """recompute_num_layers (Megatron-LM's block method) needs recompute "full", the megatron stack (torchtitan's
-    every-k-th-layer option and DeepSpeed's checkpointing count layers otherwise) and a dense model."""
+    """recompute_num_layers (Megatron-LM's block method: r layers of each chunk fully recomputed) needs recompute
+    "full", a dense model and the megatron stack or a PyTorch one. Which r layers of a chunk recompute changes
+    neither its time nor its peak (the stored activations are summed over the chunk's layers), so r of n also
+    scores torchtitan's selective_ac_option = "k" (every k-th layer, n/k of them) and FSDP's checkpoint wrapper
+    applied to a share of the blocks; DeepSpeed's checkpointing counts layers otherwise."""
     r = p.recompute_num_layers
     if isinstance(r, bool) or not isinstance(r, int) or r < 0:
         bad("recompute_num_layers", f"expected a non-negative integer, got {r!r}")
@@ -260,9 +263,9 @@ def check_block_recompute(model, job, p: Placement, bad) -> None:
     if p.recompute != "full":
         bad("recompute_num_layers", f"applies to recompute \"full\" (Megatron-LM's --recompute-method block); "
                                     f"got recompute={p.recompute!r}")
-    if job.software_stack != "megatron":
-        bad("recompute_num_layers", f"Megatron-LM's block recompute is modelled for software_stack megatron, not "
-                                    f"{job.software_stack}")
+    if job.software_stack not in ("megatron",) + PYTORCH_STACKS:
+        bad("recompute_num_layers", f"block recompute is modelled for software_stack megatron, "
+                                    f"{' and '.join(PYTORCH_STACKS)}, not {job.software_stack}")
     if model.moe is not None:
         bad("recompute_num_layers", "block recompute is not modelled for mixture-of-experts models: expected 0")
 

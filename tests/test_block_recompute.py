@@ -95,15 +95,36 @@ def test_block_needs_full_recompute(h100, full, tmp_path, changes, says):
     assert says in str(info.value)
 
 
-def test_block_is_refused_on_other_stacks_and_negative_counts(h100, full, tmp_path):
-    titan = dataclasses.replace(h100, training=dataclasses.replace(h100.training, software_stack="torchtitan"))
+def test_block_is_refused_on_deepspeed_and_negative_counts(h100, full, tmp_path):
+    deepspeed = dataclasses.replace(h100, training=dataclasses.replace(h100.training,
+                                                                       software_stack="megatron-deepspeed"))
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({**_plan_dict(full, h100), "recompute_num_layers": 4}))
-    with pytest.raises(InputError, match="software_stack megatron, not torchtitan"):
-        load_placement(path, titan)
+    with pytest.raises(InputError, match="torchtitan and llm-foundry, not megatron-deepspeed"):
+        load_placement(path, deepspeed)
     path.write_text(json.dumps({**_plan_dict(full, h100), "recompute_num_layers": -1}))
     with pytest.raises(InputError, match="recompute_num_layers.*>= 0"):
         load_placement(path, h100)
+
+
+def test_pytorch_stacks_score_a_share_of_checkpointed_blocks(h100, full, tmp_path):
+    """FSDP's checkpoint wrapper on a share of the blocks (IBM's fms-fsdp `selective_checkpointing`) or
+    torchtitan's every-k-th layer: r of each stage's n layers at full recompute's cost, the rest at none's, on
+    FSDP (ZeRO-3) as on Megatron; accepted in a plan file on the torchtitan stack."""
+    titan = dataclasses.replace(h100, training=dataclasses.replace(h100.training, software_stack="torchtitan"))
+    fsdp = dataclasses.replace(full, tp=1, pp=1, vpp=1, dp=128, layers_per_stage=(80,), zero_stage=3,
+                               micro_batch_size=1)
+    none = evaluate(titan, dataclasses.replace(fsdp, recompute="none"), check=False)
+    every = evaluate(titan, fsdp, check=False)
+    for r in (20, 40, 60):
+        got = evaluate(titan, dataclasses.replace(fsdp, recompute_num_layers=r), check=False)
+        lo, hi = none.stages[0].compute_s, every.stages[0].compute_s
+        assert got.stages[0].compute_s == pytest.approx(lo + r / 80 * (hi - lo), rel=1e-12)
+        assert none.iteration_time_s < got.iteration_time_s < every.iteration_time_s
+        assert every.peak_memory_gib < got.peak_memory_gib < none.peak_memory_gib
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**_plan_dict(full, h100), "recompute_num_layers": 4}))
+    assert load_placement(path, titan).recompute_num_layers == 4
 
 
 def test_block_is_refused_for_mixture_of_experts_models(tmp_path):

@@ -92,7 +92,7 @@ def block_recompute_notes(p: Placement) -> tuple[str, ...]:
     return (f"the plan recomputes the first {p.recompute_num_layers} layers of each chunk (Megatron-LM's block "
             "method); torchtitan has no such option: written as full activation checkpointing of every layer, which "
             "takes longer than the plan and less memory (its selective_ac_option = \"k\" checkpoints every k-th "
-            "layer instead, which the planner does not model)",)
+            "layer, n/k of a stage's n: set it by hand where that is the plan's count)",)
 
 
 def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:

@@ -155,8 +155,8 @@ def run_from_row(index: int, r: dict) -> Run:
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, layers_per_stage=even_split(layers, pp), gpus=tuple(range(n_gpus)),
                           recompute_num_layers=block)
-    if block and (instance.training.software_stack != "megatron" or instance.model.moe is not None):
-        return skip("block recompute is modelled for dense models on the megatron stack")
+    if block and (instance.training.software_stack == "megatron-deepspeed" or instance.model.moe is not None):
+        return skip("block recompute is modelled for dense models on the megatron and PyTorch stacks")
     if vpp > 1 and any(n % vpp for n in placement.layers_per_stage):
         return skip(f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly")
     if gbs % (mbs * dp):
