@@ -30,6 +30,20 @@ def test_every_reference_source_has_a_named_family():
     assert {crossval.source_family(r.source) for r in crossval.reference_runs()} <= names
 
 
+def test_ibm_fms_fsdp_runs_are_one_family_scored_as_published():
+    """IBM's fms-fsdp tables (formulation/data/reference/README.md): twelve FSDP runs of one family, numbered from
+    1300, every one scored with its recompute share (`block:r` = p x layers) and its published tokens/s per GPU:
+    13B eager at 1800 tokens/s on 128 A100 is 2 x 4096 / 1800 = 4.55 s per step, one micro-batch of 2 per GPU."""
+    runs = {r.row: r for r in crossval.reference_runs() if crossval.source_family(r.source) == "IBM fms-fsdp"}
+    assert sorted(runs) == list(range(1300, 1312))
+    assert all(r in crossval.scored(list(runs.values())) for r in runs.values())
+    assert all(r.instance.training.software_stack == "torchtitan" and r.placement.zero_stage == 3 for r in runs.values())
+    assert runs[1300].measured_iter_s == pytest.approx(2 * 4096 / 1800)
+    assert runs[1300].placement.recomputed_layers(40) == 20 and runs[1301].placement.recomputed_layers(48) == 48
+    assert [runs[r].instance.training.torch_compile for r in (1305, 1306)] == [False, True]
+    assert not runs[1306].instance.training.compiled_loss  # the loss runs outside the compiled model
+
+
 def test_a_held_out_source_never_reaches_its_own_prediction(a100_runs):
     base = {p.run.row: p.iteration_time_s for p in crossval.cross_validate(a100_runs)}
     # make one source's measurements absurd: its leave-one-source-out predictions must not move

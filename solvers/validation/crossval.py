@@ -35,6 +35,7 @@ FAMILIES = (("SC21", "Megatron-LM SC21 paper"), ("Korthikanti", "Korthikanti et 
             ("performance_long_sequence", "NeMo long-sequence performance"),
             ("dgxc-benchmarking", "NVIDIA DGX Cloud benchmarking"), ("llm-foundry", "MosaicML llm-foundry"),
             ("trainy-whitefiber", "Trainy H200 (torchtitan)"), ("torchtitan", "torchtitan benchmarks"),
+            ("fms-fsdp", "IBM fms-fsdp"),
             ("Megatron-MoE-ModelZoo", "Megatron MoE Model Zoo"),
             ("megatron/core/transformer/moe/README", "Megatron-LM MoE README"))
 TORCHTITAN_ROW_OFFSET = 1000  # the torchtitan file's rows are numbered after the main file's
@@ -43,6 +44,8 @@ TORCHTITAN_FLOAT8_ROW_OFFSET = 1100
 # benchmark files other teams submitted to torchtitan's benchmarks/ folder (another team's cluster: a source
 # family of its own per team)
 TORCHTITAN_COMMUNITY_ROW_OFFSET = 1200
+# IBM's PyTorch FSDP benchmarks (foundation-model-stack/fms-fsdp), in a file of our own
+FMS_FSDP_ROW_OFFSET = 1300
 
 
 def source_family(source: str) -> str:
@@ -51,11 +54,13 @@ def source_family(source: str) -> str:
 
 def reference_runs() -> list[Run]:
     """Every packaged reference run: the main file, torchtitan's benchmarks (rows offset by 1000), their float8
-    rows (offset by 1100) and the community benchmark files of torchtitan's repository (offset by 1200)."""
+    rows (offset by 1100), the community benchmark files of torchtitan's repository (offset by 1200) and IBM's
+    fms-fsdp benchmarks (offset by 1300)."""
     runs = load_runs(REFERENCE_DIR / "published_runs.csv")
     for name, offset in (("published_runs_torchtitan.csv", TORCHTITAN_ROW_OFFSET),
                          ("published_runs_torchtitan_float8.csv", TORCHTITAN_FLOAT8_ROW_OFFSET),
-                         ("published_runs_torchtitan_community.csv", TORCHTITAN_COMMUNITY_ROW_OFFSET)):
+                         ("published_runs_torchtitan_community.csv", TORCHTITAN_COMMUNITY_ROW_OFFSET),
+                         ("published_runs_fms_fsdp.csv", FMS_FSDP_ROW_OFFSET)):
         for run in load_runs(REFERENCE_DIR / name):
             run.row += offset
             runs.append(run)
