@@ -253,8 +253,10 @@ def test_interval_coverage_scores_each_source_against_the_other_sources_bands(mo
     for k in range(40):
         group = "fp8" if k % 4 == 0 else "16-bit"
         ratio = (0.80 if group == "fp8" else 1.0) * (1 + 0.001 * (k % 20 - 10))  # predicted / measured
+        stack = "torchtitan" if k % 2 else "megatron"
         runs.append(SimpleNamespace(family=f"source {k % 5}", timed=True, iteration_time_s=ratio, group=group,
-                                    run=SimpleNamespace(measured_iter_s=1.0)))
+                                    run=SimpleNamespace(measured_iter_s=1.0),
+                                    instance=SimpleNamespace(training=SimpleNamespace(software_stack=stack))))
     monkeypatch.setattr(crossval, "residual_group", lambda p: p.group)
     monkeypatch.setattr(crossval, "MIN_GROUP_RUNS", 5)
     coverage = crossval.interval_coverage(runs)
@@ -264,3 +266,7 @@ def test_interval_coverage_scores_each_source_against_the_other_sources_bands(mo
         assert c["faster_than_p10"] + c["inside"] + c["slower_than_p90"] == pytest.approx(1.0)
         assert c["inside"] >= 0.6
     assert pooled["fp8"]["slower_than_p90"] >= 0.3
+    # the same per-precision bands, counted by stack kind: every run once, half of them on a PyTorch stack
+    by_stack = coverage["by_stack"]
+    assert (by_stack["pytorch"]["runs"], by_stack["megatron"]["runs"]) == (20, 20)
+    assert by_stack["pytorch"]["inside"] >= 0.6 and by_stack["megatron"]["inside"] >= 0.6

@@ -21,7 +21,7 @@ import numpy as np
 from formulation.data import REFERENCE_DIR
 from formulation.evaluate import evaluate
 from formulation.inputs.gpus import gpu_catalog
-from formulation.intervals import MIN_GROUP_RUNS, POOLED, interval_group
+from formulation.intervals import MIN_GROUP_RUNS, POOLED, interval_group, stack_kind
 from formulation.physics.memory import GIB
 from solvers.validation.calibrate import calibration_key, chip_of, with_parameters
 from solvers.validation.joint_fit import TimeTables, joint_fit
@@ -220,15 +220,17 @@ def interval_coverage(predictions: list[Prediction]) -> dict:
     """How the stored kind of interval fares on sources it was not derived from: for each source, the p10-p90 of
     the other sources' log residuals of the run's group (pooled where the group has fewer than MIN_GROUP_RUNS);
     per group, the share of runs measured faster than the band (below), inside it, and slower (above): 10%,
-    80%, 10% if the band is right. `pooled` is the same with one band for all runs, for comparison."""
-    timed = [(p.family, residual_group(p), math.log(p.iteration_time_s / p.run.measured_iter_s))
-             for p in predictions if p.timed]
+    80%, 10% if the band is right. `pooled` is the same with one band for all runs, for comparison; `by_stack`
+    scores the per-precision bands again, counted by stack kind (formulation/intervals.py: the bands are shared
+    by the stacks, their tails are not)."""
+    timed = [(p.family, residual_group(p), stack_kind(p.instance.training),
+              math.log(p.iteration_time_s / p.run.measured_iter_s)) for p in predictions if p.timed]
     out = {}
-    for mode in ("by_precision", POOLED):
+    for mode in ("by_precision", POOLED, "by_stack"):
         counts: dict[str, list[int]] = {}
-        for family in sorted({f for f, _, _ in timed}):
-            others = [(g, r) for f, g, r in timed if f != family]
-            for f, group, r in timed:
+        for family in sorted({f for f, *_ in timed}):
+            others = [(g, r) for f, g, _, r in timed if f != family]
+            for f, group, kind, r in timed:
                 if f != family:
                     continue
                 same = [x for g, x in others if g == group]
@@ -236,7 +238,7 @@ def interval_coverage(predictions: list[Prediction]) -> dict:
                 if len(band) < 2:  # no band without the source (a one-source file)
                     continue
                 lo, hi = p10_p90(band)
-                c = counts.setdefault(group, [0, 0, 0])
+                c = counts.setdefault(kind if mode == "by_stack" else group, [0, 0, 0])
                 c[0 if r > hi else 2 if r < lo else 1] += 1  # r > p90: predicted too slow, measured faster
         out[mode] = {g: {"runs": sum(c), "faster_than_p10": c[0] / sum(c), "inside": c[1] / sum(c),
                          "slower_than_p90": c[2] / sum(c)} for g, c in sorted(counts.items())}

@@ -56,6 +56,10 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
                       "residuals of their precision (10 / 80 / 10 % if right): " + "; ".join(
                           f"{g} ({c['runs']} runs) {100 * c['faster_than_p10']:.0f} % faster, {100 * c['inside']:.0f} % "
                           f"inside, {100 * c['slower_than_p90']:.0f} % slower" for g, c in coverage.items()))
+        by_stack = summary["interval_coverage"].get("by_stack", {})
+        console.print("the same bands by stack kind: " + "; ".join(
+            f"{kind} ({c['runs']} runs) {100 * c['faster_than_p10']:.0f} % faster, {100 * c['inside']:.0f} % inside, "
+            f"{100 * c['slower_than_p90']:.0f} % slower" for kind, c in by_stack.items()))
     memory = summary["memory"]
     if memory["rows"]:
         console.print(f"peak memory where measured: {len(memory['rows'])} runs, median |error| "

@@ -367,5 +367,8 @@ def write_intervals(predictions: list, summary: dict, mode: str) -> Path:
                     "formulation/intervals.py turns them into p10-p90.",
         **quantiles(residuals),
         "by_precision": {g: quantiles(r) for g, r in sorted(groups.items()) if len(r) >= 2},
+        # held out by source: how often each stack kind's runs measured slower than their band's slow end
+        "slower_than_p90_by_stack": {kind: round(c["slower_than_p90"], 3) for kind, c in
+                                     summary.get("interval_coverage", {}).get("by_stack", {}).items()},
         "pooled_median_abs_error": summary["pooled"].get("median_abs_error")})
     return INTERVALS_PATH
