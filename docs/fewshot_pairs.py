@@ -3,6 +3,7 @@ visible cluster (source x GPU type, >= 4 runs): which knobs two or more runs can
 
     python docs/fewshot_pairs.py                 # about 4 minutes on 2 cores
     python docs/fewshot_pairs.py --per-cluster   # two runs, the shipped rule, every pair: per cluster (~12 min)
+    python docs/fewshot_pairs.py --per-document  # the same with clusters per document (page at one commit) x GPU
     python docs/fewshot_pairs.py --rules         # two runs, other rules than the shipped one, per cluster (~5 min)
     python docs/fewshot_pairs.py --disagreement  # how the runs' leave-one-out error foretells the others' (~3 min)
 
@@ -14,6 +15,8 @@ clusters are above 5%) for: three knobs with the shipped priors, and the compute
 --per-cluster: for two runs and the compute scale alone (the shipped rule for two runs), per cluster over every
 pair of its runs, the median, quartiles and share of pairs above 5% of the median |error| of its other runs:
 what `solve validate --few-shot`'s one pair (the runs at the quartiles of measured time) is a sample of. With
+--per-document the clusters are one document each (a page at one commit, or one of DGX Cloud's per-model pages)
+and GPU type instead of one source family and GPU type. With
 --rules: the same per-cluster median over every pair for other two-run rules than the shipped one (a single
 knob chosen by the fit's own objective among compute, network and overhead; two knobs; all three). With
 --disagreement: every pair and up to 60 subsets of 3 runs of each cluster, binned by the calibration runs' own
@@ -24,6 +27,7 @@ median |error| of the cluster's other runs per bin.
 import itertools
 import math
 import random
+import re
 import statistics
 import sys
 
@@ -73,8 +77,16 @@ def rest_error(runs: list, chosen: tuple, fitted: tuple) -> float:
     return statistics.median(abs((t[i, j] + o) / m - 1) for k, (t, m) in enumerate(runs) if k not in chosen)
 
 
+def document(prediction) -> str:
+    """The document a run comes from: its family, and the page's commit or DGX Cloud's per-model page."""
+    commit = re.search(r"@([0-9a-f]{7,8})", prediction.run.source)
+    page = re.search(r"(README_\d+b)\.md", prediction.run.source)
+    return prediction.family + (f" @{commit[1]}" if commit else "") + (f" {page[1]}" if page else "")
+
+
 def per_cluster(clusters: dict) -> None:
     """Two runs, compute scale alone, every pair of each cluster's runs."""
+    medians = []
     for (family, gpu_type), runs in sorted(clusters.items()):
         if len(runs) < 4:
             continue
@@ -86,6 +98,9 @@ def per_cluster(clusters: dict) -> None:
         print(f"{family} ({gpu_type}): {len(runs)} runs, {len(per_pair)} pairs: median "
               f"{100 * statistics.median(per_pair):.1f}%, quartiles {100 * q1:.1f}-{100 * q3:.1f}%, "
               f"pairs above 5%: {above:.0%}", flush=True)
+        medians.append(statistics.median(per_pair))
+    print(f"{len(medians)} clusters of 4 runs or more: {sum(m > 0.05 for m in medians)} above 5%, median over "
+          f"clusters {100 * statistics.median(medians):.1f}%")
 
 
 TWO_RUN_RULES = {"compute": [(True, False, False)],  # the shipped rule
@@ -153,9 +168,11 @@ def disagreement(clusters: dict) -> None:
 def main() -> None:
     predictions = [p for p in crossval.cross_validate(crossval.reference_runs()) if p.timed]
     clusters: dict = {}
+    by_document = "--per-document" in sys.argv[1:]
     for p in predictions:
-        clusters.setdefault((p.family, p.run.gpu_type), []).append((tabulate(p), p.run.measured_iter_s))
-    if "--per-cluster" in sys.argv[1:]:
+        clusters.setdefault((document(p) if by_document else p.family, p.run.gpu_type), []).append(
+            (tabulate(p), p.run.measured_iter_s))
+    if "--per-cluster" in sys.argv[1:] or by_document:
         per_cluster(clusters)
         return
     if "--rules" in sys.argv[1:]:
