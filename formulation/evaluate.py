@@ -11,7 +11,8 @@ import numpy as np
 
 from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
-from formulation.intervals import POOLED, interval_basis, interval_group, prediction_interval
+from formulation.intervals import (POOLED, interval_basis, interval_group, prediction_interval, slow_tail_share,
+                                   stack_kind)
 from formulation.placement import Placement, check_placement
 from formulation.physics.stage import dp_sync as stage_dp_sync
 from formulation.physics.stage import (BlockConstants, iteration_time, layer_time, mixed_constants, mixed_passes,
@@ -54,6 +55,7 @@ class Estimate:
     critical_stage: int
     p2p_boundary_s: tuple[float, ...] = ()  # one send between stage j and j + 1 (slowest pair), j = 0..pp-2
     interval_group: str = POOLED  # whose cross-source residuals give the interval (formulation/intervals.py)
+    stack_kind: str = "megatron"  # whose share of runs beyond the interval's slow end applies (the same module)
 
     @property
     def memory_shortfall_gib(self) -> float:
@@ -77,7 +79,10 @@ class Estimate:
                 "p2p_boundary_s": list(self.p2p_boundary_s),
                 "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages,
                 "iteration_time_interval_s": self.iteration_time_interval_s,
-                "iteration_time_interval_basis": interval_basis(self.interval_group)}
+                "iteration_time_interval_basis": interval_basis(self.interval_group),
+                # held out by source, the share of published runs of this kind of stack measured slower than the
+                # interval's slow end (10% nominal; about a third on the PyTorch stacks, docs/validation.md)
+                "iteration_time_slow_tail_share": slow_tail_share(self.stack_kind)}
 
     @property
     def iteration_time_interval_s(self) -> list[float] | None:
@@ -342,4 +347,4 @@ def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
         stages=tuple(stages), peak_memory_gib=max(s.memory.total_gib for s in stages),
         fits=all(s.memory.fits for s in stages), num_micro_batches=m, critical_stage=k,
         p2p_boundary_s=tuple(boundaries),
-        interval_group=interval_group(job, cluster.gpu_types[crit.gpu_type]))
+        interval_group=interval_group(job, cluster.gpu_types[crit.gpu_type]), stack_kind=stack_kind(job))

@@ -36,14 +36,13 @@ def stack_kind(job) -> str:
     return "pytorch" if job.software_stack in PYTORCH_STACKS else "megatron"
 
 
-def slow_tail_share(job) -> float | None:
-    """The share of published runs of the job's stack kind that measured slower than the slow end of the band
-    they were scored against (held out by source; `solve validate --write-intervals` stores it), None where it
-    was not stored."""
+def slow_tail_share(kind: str) -> float | None:
+    """The share of published runs of a stack kind (stack_kind) that measured slower than the slow end of the
+    band they were scored against (held out by source; `solve validate --write-intervals` stores it), None where
+    it was not stored."""
     if not INTERVALS_PATH.is_file():
         return None
-    stored = json.loads(INTERVALS_PATH.read_text()).get("slower_than_p90_by_stack", {})
-    return stored.get(stack_kind(job))
+    return json.loads(INTERVALS_PATH.read_text()).get("slower_than_p90_by_stack", {}).get(kind)
 
 
 def interval_group(job, gpu_type) -> str:

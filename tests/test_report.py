@@ -55,24 +55,29 @@ def test_an_mfu_above_every_published_run_is_flagged():
 def test_the_report_says_how_often_pytorch_stack_runs_measured_beyond_the_slow_end():
     """The interval bands are shared by the stacks; held out by source, about a third of the PyTorch stacks' runs
     measured slower than their band's slow end, where the Megatron stack's almost never did (the share stored in
-    intervals.json by `solve validate --write-intervals`). The report says it under a PyTorch-stack estimate."""
+    intervals.json by `solve validate --write-intervals`). The report says it under a PyTorch-stack estimate, and
+    every plan file carries its stack kind's share."""
     import json
 
     from formulation.intervals import INTERVALS_PATH
     shares = json.loads(INTERVALS_PATH.read_text())["slower_than_p90_by_stack"]
     assert shares["pytorch"] >= 0.2 > shares["megatron"]
-    texts = {}
+    texts, plans = {}, {}
     for stack in ("megatron", "torchtitan"):
         data = small_instance_dict(1, 8, global_batch_size=64, seq_length=4096)
         data["training"]["software_stack"] = stack
         instance = build_instance(data)
         placement = default_placement(instance, tp=1, pp=1, micro_batch_size=1, recompute="full", zero_stage=1)
         out = io.StringIO()
-        print_tables(estimate_tables(instance, placement, evaluate(instance, placement)),
-                     Console(file=out, width=200, color_system=None))
+        estimate = evaluate(instance, placement)
+        plans[stack] = estimate.to_dict()
+        print_tables(estimate_tables(instance, placement, estimate), Console(file=out, width=200, color_system=None))
         texts[stack] = " ".join(out.getvalue().replace("│", " ").split())  # a cell's wrapped lines, joined
     phrase = f"{100 * shares['pytorch']:.0f} % of the published runs on the PyTorch stacks measured slower"
     assert phrase in texts["torchtitan"] and "measured slower" not in texts["megatron"]
+    # the plan file carries the share of its stack kind beside the interval
+    assert plans["torchtitan"]["iteration_time_slow_tail_share"] == shares["pytorch"]
+    assert plans["megatron"]["iteration_time_slow_tail_share"] == shares["megatron"]
 
 
 def test_runners_up_within_the_interval_are_ties_with_the_parts_that_separate_them():

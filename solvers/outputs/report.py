@@ -14,7 +14,7 @@ from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
 from formulation.inputs.gpus import gpu_catalog
 from formulation.inputs.job import PYTORCH_STACKS
-from formulation.intervals import interval_basis, intervals_overlap, slow_tail_share, stack_kind
+from formulation.intervals import interval_basis, intervals_overlap, slow_tail_share
 from formulation.placement import Placement
 
 
@@ -108,12 +108,12 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head.add_row("micro-batches per iteration", str(e.num_micro_batches))
     interval = e.iteration_time_interval_s
     basis = {"fp8": "FP8 runs", "16-bit": "16-bit runs"}.get(interval_basis(e.interval_group), "runs")
-    slow_tail = slow_tail_share(instance.training)
+    slow_tail = slow_tail_share(e.stack_kind)
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s" + (
         f" (p10-p90 {interval[0]:.3f}-{interval[1]:.3f} s, from the model's errors on other sources' published "
         f"{basis})" if interval else "") + (
         f"; held out by source, {100 * slow_tail:.0f} % of the published runs on "
-        f"{'the PyTorch stacks' if stack_kind(instance.training) == 'pytorch' else 'this stack'} measured slower than "
+        f"{'the PyTorch stacks' if e.stack_kind == 'pytorch' else 'this stack'} measured slower than "
         f"their band's slow end (10 % nominal)" if interval and slow_tail and slow_tail >= 0.2 else ""))
     head.add_row("throughput", f"{e.tokens_per_s:,.0f} tokens/s")
     head.add_row("model TFLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} (Megatron-LM FLOP count)")
