@@ -40,9 +40,7 @@ def slow_tail_share(kind: str) -> float | None:
     """The share of published runs of a stack kind (stack_kind) that measured slower than the slow end of the
     band they were scored against (held out by source; `solve validate --write-intervals` stores it), None where
     it was not stored."""
-    if not INTERVALS_PATH.is_file():
-        return None
-    return json.loads(INTERVALS_PATH.read_text()).get("slower_than_p90_by_stack", {}).get(kind)
+    return _stored().get("slower_than_p90_by_stack", {}).get(kind)
 
 
 def interval_group(job, gpu_type) -> str:
@@ -51,12 +49,17 @@ def interval_group(job, gpu_type) -> str:
     return FP8 if fp8_gemms(job, gpu_type) else SIXTEEN_BIT
 
 
+def _stored() -> dict:
+    """What `solve validate --write-intervals` stored; empty without the file."""
+    return json.loads(INTERVALS_PATH.read_text()) if INTERVALS_PATH.is_file() else {}
+
+
 @functools.cache
 def _quantiles() -> dict[str, tuple[float, float]]:
     """Group -> (p10, p90) of log(predicted / measured); empty without a stored file."""
-    if not INTERVALS_PATH.is_file():
+    data = _stored()
+    if not data:
         return {}
-    data = json.loads(INTERVALS_PATH.read_text())
     out = {POOLED: (data["log_residual_p10"], data["log_residual_p90"])}
     for group, q in data.get("by_precision", {}).items():
         if q["runs"] >= MIN_GROUP_RUNS:

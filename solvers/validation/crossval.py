@@ -225,9 +225,8 @@ def interval_coverage(predictions: list[Prediction]) -> dict:
     by the stacks, their tails are not)."""
     timed = [(p.family, residual_group(p), stack_kind(p.instance.training),
               math.log(p.iteration_time_s / p.run.measured_iter_s)) for p in predictions if p.timed]
-    out = {}
-    for mode in ("by_precision", POOLED, "by_stack"):
-        counts: dict[str, list[int]] = {}
+    counts: dict[str, dict[str, list[int]]] = {"by_precision": {}, POOLED: {}, "by_stack": {}}
+    for mode in ("by_precision", POOLED):
         for family in sorted({f for f, *_ in timed}):
             others = [(g, r) for f, g, _, r in timed if f != family]
             for f, group, kind, r in timed:
@@ -238,11 +237,13 @@ def interval_coverage(predictions: list[Prediction]) -> dict:
                 if len(band) < 2:  # no band without the source (a one-source file)
                     continue
                 lo, hi = p10_p90(band)
-                c = counts.setdefault(kind if mode == "by_stack" else group, [0, 0, 0])
-                c[0 if r > hi else 2 if r < lo else 1] += 1  # r > p90: predicted too slow, measured faster
-        out[mode] = {g: {"runs": sum(c), "faster_than_p10": c[0] / sum(c), "inside": c[1] / sum(c),
-                         "slower_than_p90": c[2] / sum(c)} for g, c in sorted(counts.items())}
-    return out
+                side = 0 if r > hi else 2 if r < lo else 1  # r > p90: predicted too slow, measured faster
+                counts[mode].setdefault(group, [0, 0, 0])[side] += 1
+                if mode == "by_precision":
+                    counts["by_stack"].setdefault(kind, [0, 0, 0])[side] += 1
+    return {mode: {g: {"runs": sum(c), "faster_than_p10": c[0] / sum(c), "inside": c[1] / sum(c),
+                       "slower_than_p90": c[2] / sum(c)} for g, c in sorted(by.items())}
+            for mode, by in counts.items()}
 
 
 def ablation(runs: list[Run], terms: dict, progress=None) -> list[dict]:
