@@ -50,6 +50,8 @@ PHYSICS_TERMS = {
     "fsdp_pp_unsharded": True,  # torchtitan keeps FSDP parameters unsharded across micro-batches with pp
     # context parallelism's ring steps off the diagonal are non-causal attention calls, faster per FLOP (C2)
     "noncausal_ring_steps": True,
+    # flash attention runs calls shorter than 2k tokens below its catalog figure (C2): cp's chunks of short sequences
+    "short_attention_calls": True,
     # a fixed time per iteration (optimizer launches, loss and grad-norm all-reduces, logging), fitted with the
     # efficiencies (solvers/validation/joint_fit.py); off: the fits hold it at 0
     "iteration_overhead": True,
@@ -177,14 +179,35 @@ def fp8_gemms(job, gpu_type) -> bool:
 NONCAUSAL_SPEEDUP = 1.10
 
 
+# A flash-attention kernel's throughput ramps up with the tokens of one call (per sequence and head): its grid has
+# fewer query tiles to spread over the SMs and each tile a shorter loop over keys. FlashAttention-3's paper (Shah et
+# al. 2024, H100 SXM5, head dim 128, batch x tokens = 16k) measures FA2's causal forward at 191 / 260 / 298 TFLOP/s
+# and its backward at 214 / 260 / 291 at 512 / 1k / 2k tokens: in our count (backward = 2 forwards) 177 / 223 / 251,
+# 0.71 and 0.89 of the 2k figure. L / (L + SHORT_CALL_HALF_TOKENS) relative to its value at SHORT_CALL_FROM_TOKENS
+# gives 0.71 and 0.88. The catalog's attention efficiencies are read at 2k-4k tokens, so longer calls keep them.
+SHORT_CALL_HALF_TOKENS = 320
+SHORT_CALL_FROM_TOKENS = 2048
+
+
+def short_call_factor(tokens: float) -> float:
+    """(C2) Share of the catalog attention efficiency a flash call of `tokens` tokens reaches (1 from 2k up)."""
+    if tokens >= SHORT_CALL_FROM_TOKENS:
+        return 1.0
+    ramp = lambda n: n / (n + SHORT_CALL_HALF_TOKENS)  # noqa: E731
+    return ramp(tokens) / ramp(SHORT_CALL_FROM_TOKENS)
+
+
 def attention_time(attn_flops: float, job, p, gpu_type) -> float:
     """(C2) The attention core's forward at the GPU's (causal) attention efficiency. With flash attention and
     context parallelism, the load-balanced ring computes 1/cp of a rank's work in its local causal call and the
     rest in non-causal calls against the other ranks' chunks, NONCAUSAL_SPEEDUP times faster
-    (`noncausal_ring_steps`)."""
+    (`noncausal_ring_steps`). Flash calls of fewer than 2k tokens (seq / cp per call) run at
+    `short_call_factor` of the efficiency (`short_attention_calls`)."""
     time = attn_flops / (gpu_type.peak_tflops * 1e12 * gpu_type.attention_efficiency)
     if job.flash_attention and p.cp > 1 and term("noncausal_ring_steps"):
         time *= 1 / p.cp + (1 - 1 / p.cp) / NONCAUSAL_SPEEDUP
+    if job.flash_attention and term("short_attention_calls"):
+        time /= short_call_factor(job.seq_length / p.cp)
     return time
 
 
