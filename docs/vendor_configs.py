@@ -41,14 +41,6 @@ def planning_instance(run):
     return dataclasses.replace(run.instance, training=wide)
 
 
-def config(p) -> str:
-    return f"tp{p.tp} pp{p.pp} cp{p.cp} dp{p.dp} v{p.vpp} mbs{p.micro_batch_size} {p.recompute}"
-
-
-def same_sizes(a, b) -> bool:
-    return all(getattr(a, f) == getattr(b, f) for f in ("tp", "pp", "cp", "dp", "vpp", "micro_batch_size", "recompute"))
-
-
 def largest_saving(published, planned) -> str:
     """The part of the iteration (evaluator's breakdown) the planner's configuration shortens most."""
     pub, plan = published.breakdown, planned.breakdown
@@ -64,10 +56,10 @@ def compare(run, time_limit: float) -> dict:
     lo_pub, _ = published.iteration_time_interval_s
     _, hi_plan = planned.iteration_time_interval_s
     return {"row": run.row, "model": run.name, "gpus": instance.cluster.num_gpus,
-            "precision": instance.training.precision, "published": config(run.placement),
+            "precision": instance.training.precision, "published": run.placement.describe(),
             "measured_s": run.measured_iter_s, "published_s": published.iteration_time_s,
-            "published_fits": published.fits, "planned": config(plan.placement), "planned_s": planned.iteration_time_s,
-            "same": same_sizes(run.placement, plan.placement),
+            "published_fits": published.fits, "planned": plan.placement.describe(), "planned_s": planned.iteration_time_s,
+            "same": run.placement.config_key() == plan.placement.config_key(),
             "gain": published.iteration_time_s / planned.iteration_time_s - 1, "tie": hi_plan >= lo_pub,
             "saving": largest_saving(published, planned)}
 
