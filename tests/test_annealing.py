@@ -183,9 +183,25 @@ def test_deterministic_per_seed(h100):
     assert a.estimate.iteration_time_s <= a.start_s and a.estimate == evaluate(h100, a.placement)
 
 
-def test_time_limit_only(h100):
+class SteppingClock:
+    """A stand-in for the annealer's `time`: 1 ms passes per reading, whatever the machine's load."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def test_time_limit_only(h100, monkeypatch):
+    """A time limit alone (no move budget) ends the run at the limit: with one reading of the clock per move
+    (1 ms each here) a 0.5 s limit stops it after about 500 moves, and the result still fits."""
+    from solvers.local import annealing
+    monkeypatch.setattr(annealing, "time", SteppingClock())
     result = anneal(h100, Config(8, 4, 1, 4, 1, 1, "selective", 1), seed=0, time_limit_s=0.5)
-    assert result.moves > 0 and result.wall_time_s < 3.0 and result.estimate.fits
+    assert 0 < result.moves <= 500 and result.estimate.fits
+    assert result.wall_time_s >= 0.5  # stopped by the clock, not by a move budget
 
 
 def test_improves_bad_start(h100):
@@ -307,7 +323,7 @@ def test_never_better_than_brute_force_and_usually_equal():
     assert equal >= 0.8 * len(cases), (equal, len(cases))
 
 
-# ---- speed (printed by `python tests/test_annealing.py`) ----------------------------------------------------
+# ---- speed: a benchmark, not a test (`python tests/test_annealing.py` prints it; it depends on the load) ------------
 
 def per_move_cost(instance, config: Config, moves: int = 2000, evals: int = 5) -> tuple[float, float]:
     """(seconds per scored move on a random walk accepting 30% of proposals, seconds per evaluate() of a
@@ -334,11 +350,6 @@ def per_move_cost(instance, config: Config, moves: int = 2000, evals: int = 5) -
     for placement, total in seen:
         assert evaluate(instance, placement, check=False).iteration_time_s == total
     return per_move, (time.perf_counter() - start) / len(seen)
-
-
-def test_move_cheaper_than_evaluate(h100):
-    per_move, per_eval = per_move_cost(h100, Config(2, 8, 1, 8, 1, 1, "full", 1), moves=500, evals=3)
-    assert per_move < per_eval / 3
 
 
 def cluster_1024_dict(seed: int = 7) -> dict:
