@@ -99,9 +99,10 @@ def write_instance(tmp_path: Path, data: dict, name: str = "instance.json") -> P
     return path
 
 
-def run_solve(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`solve ARGS` as a subprocess (`python -m solvers.outputs.cli`), from the repository root."""
-    return subprocess.run([sys.executable, "-m", "solvers.outputs.cli", *map(str, args)], cwd=REPO, capture_output=True,
+def run_solve(*args: str | Path, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """`solve ARGS` as a subprocess (`python -m solvers.outputs.entry`, as the console script runs it), from the
+    repository root. The timeout only guards against a hang: a loaded machine may take many times the idle time."""
+    return subprocess.run([sys.executable, "-m", "solvers.outputs.entry", *map(str, args)], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 

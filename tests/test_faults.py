@@ -192,12 +192,12 @@ def _as_from_a_terminal() -> None:
 
 
 def _interrupt_after(seconds: float, output):
-    proc = subprocess.Popen([sys.executable, "-m", "solvers.outputs.cli", "--instance", str(H100_1024), "--quiet",
+    proc = subprocess.Popen([sys.executable, "-m", "solvers.outputs.entry", "--instance", str(H100_1024), "--quiet",
                              "--output", str(output)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_as_from_a_terminal)
     time.sleep(seconds)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=1200)  # a hang guard only
     return proc.returncode, out, err
 
 
