@@ -90,6 +90,14 @@ def test_report_html_carries_every_line_and_cell_the_terminal_prints(cautious_pl
         assert caveat in flat and caveat in text, caveat
 
 
+def test_the_plan_file_carries_the_warnings_and_the_calibration_the_terminal_names(cautious_plan):
+    stdout, stderr, _, plan = cautious_plan
+    printed = [line.removeprefix("warning: ") for line in stderr.splitlines() if line.startswith("warning: ")]
+    printed += [line.removeprefix("WARNING: ") for line in stdout.splitlines() if line.startswith("WARNING: ")]
+    assert len(printed) == 3 and [_flat(w) for w in plan["warnings"]] == [_flat(w) for w in printed]
+    assert plan["calibration"] == CALIBRATION
+
+
 def test_a_calibrated_band_says_the_calibration_was_applied():
     """Finding 7: after --calibration the band no longer claims to come from other sources' runs alone."""
     instance = load_instance(H100_128)

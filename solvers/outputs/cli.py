@@ -30,7 +30,8 @@ from solvers.local.block_recompute import block_recompute_hint
 from solvers.outputs.arguments import OneLineParser, count, seconds, seed
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.plan_notes import input_warnings, launch_notes
-from solvers.outputs.report import print_report, terminal_console
+from solvers.outputs.report import estimate_warnings, print_report, terminal_console
+from solvers.result import with_caveats
 from solvers.search.driver import NoPlanInTime
 from solvers.search.uniform import MAX_EXACT_SIZE
 from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
@@ -149,6 +150,8 @@ def run(argv: list[str]) -> int:
             result = _solve_with_progress(instance, args, solve)
         if getattr(result, "solver", None) is not None and result.solver.objective == "time":
             result.hints = [h for h in [block_recompute_hint(instance, result.placement, result.estimate)] if h]
+        result.warnings = input_warnings(instance) + estimate_warnings(instance, result.estimate)
+        result.calibration = None if instance.calibration is None else instance.calibration.to_dict()
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     except InfeasibleError as exc:
@@ -191,9 +194,11 @@ class _Evaluated:
 
     def __init__(self, placement, estimate):
         self.placement, self.estimate = placement, estimate
+        self.warnings, self.calibration = [], None
 
     def to_dict(self, cluster) -> dict:
-        return {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()}
+        return with_caveats({"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()},
+                            self.warnings, self.calibration)
 
 
 def _write_outputs(args, instance, plan, console) -> int:
