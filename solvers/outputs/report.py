@@ -140,7 +140,10 @@ def estimate_warnings(instance, e: Estimate) -> list[str]:
 
 
 def summary_table(instance, p: Placement, e: Estimate) -> TableData:
-    rows = [("configuration", p.summary()), ("software stack", stack_note(instance.training)),
+    cluster, model = instance.cluster, instance.model
+    rows = [("model", f"{model.name} ({model.num_layers} layers, hidden {model.hidden_size})"),
+            ("GPUs", f"{p.world_size:,} of {cluster.num_gpus:,} ({len(cluster.nodes):,} nodes)"),
+            ("configuration", p.summary()), ("software stack", stack_note(instance.training)),
             ("micro-batches per iteration", str(e.num_micro_batches)),
             ("iteration time", f"{e.iteration_time_s:.3f} s" + interval_note(instance, e)),
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
