@@ -13,7 +13,7 @@ from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
 from formulation.intervals import (POOLED, interval_basis, interval_group, prediction_interval, slow_tail_share,
                                    stack_kind)
-from formulation.placement import Placement, check_placement
+from formulation.placement import Placement, check_placement, placement_from_document
 from formulation.physics.stage import dp_sync as stage_dp_sync
 from formulation.physics.stage import (BlockConstants, iteration_time, layer_time, mixed_constants, mixed_passes,
                                        stage_constants, stage_passes)
@@ -303,9 +303,13 @@ def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -
     return total, pipe, k, chain
 
 
-def evaluate(instance, placement: Placement, check: bool = True) -> Estimate:
-    """Score a complete placement with the cost model (C1)-(C14) and memory model (M1)-(M7)."""
-    if check:
+def evaluate(instance, placement: Placement | dict, check: bool = True) -> Estimate:
+    """Score a complete placement with the cost model (C1)-(C14) and memory model (M1)-(M7). A dict is read as a
+    placement file is (`formulation.placement.placement_from_document`: omitted fields take their defaults, a bad
+    field is an `InputError` naming it)."""
+    if not isinstance(placement, Placement):
+        placement = placement_from_document(placement, instance, "<placement>")
+    elif check:
         check_placement(instance, placement, "<placement>")
     model, job, cluster, p = instance.model, instance.training, instance.cluster, placement
     m = p.num_micro_batches(job.global_batch_size)

@@ -346,11 +346,16 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     return placement
 
 
+def placement_from_document(data, instance, file: str) -> Placement:
+    """A placement file's content (or a plan file's: its `placement`), with the defaults README.md states
+    (`dp` the GPUs left, an even layer split, ranks filled node by node); bad fields are `InputError`s."""
+    if isinstance(data, dict) and isinstance(data.get("placement"), dict):  # a plan file: take its placement
+        data = data["placement"]
+    return placement_from_dict(data, instance, file)
+
+
 def load_placement(path, instance) -> Placement:
     from formulation.inputs.instance import read_document
-    data = read_document(path)
-    if "placement" in data and isinstance(data["placement"], dict):  # a plan file: take its placement
-        data = data["placement"]
-    return placement_from_dict(data, instance, str(path))
+    return placement_from_document(read_document(path), instance, str(path))
 
 

@@ -47,6 +47,10 @@ class PlanResult:
     history: list = field(default_factory=list)  # (seconds since the search began, best time) at each improvement
     # beyond the searched space, scored but not covered by the bound (solvers/local/block_recompute.py)
     hints: list = field(default_factory=list)
+    # what the terminal and report.html warn of (solvers/outputs/plan_notes.py, report.py), and the user
+    # calibration applied (UserCalibration.to_dict()), so that the plan file says them too
+    warnings: list = field(default_factory=list)
+    calibration: dict | None = None
 
     def to_dict(self, cluster) -> dict:
         out = {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict(),
@@ -58,4 +62,13 @@ class PlanResult:
                                    for p, e in self.alternatives]
         if self.hints:
             out["hints"] = self.hints
-        return out
+        return with_caveats(out, self.warnings, self.calibration)
+
+
+def with_caveats(plan: dict, warnings: list, calibration: dict | None) -> dict:
+    """A plan file's dict with its `warnings` and the `calibration` applied, where there are any."""
+    if warnings:
+        plan["warnings"] = list(warnings)
+    if calibration is not None:
+        plan["calibration"] = calibration
+    return plan

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import io
 import re
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 
 from conftest import H100_128, build_instance, small_instance_dict
 from formulation import default_placement, evaluate, load_instance
-from solvers.outputs.report import estimate_tables, gpu_grid_table, print_tables
+from solvers.outputs.report import estimate_tables, gpu_grid_table, print_report, print_tables
+
+
+def report_text(instance, placement, estimate, width: int = 200) -> str:
+    """What the terminal prints for a scored placement (`solve --evaluate`), cells' wrapped lines joined."""
+    out = io.StringIO()
+    print_report(instance, SimpleNamespace(placement=placement, estimate=estimate),
+                 Console(file=out, width=width, color_system=None))
+    return " ".join(out.getvalue().replace("│", " ").split())
 
 
 @pytest.mark.parametrize("width", [80, 100, 160])
@@ -26,9 +35,10 @@ def test_tables_fit_the_terminal_and_keep_every_number(width):
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= width
     cells = " ".join(text.split())
-    for stage in estimate.stages:  # every memory figure is printed whole
-        for value in (stage.memory.total_gib, stage.memory.limit_gib, stage.memory.activations_gib):
+    for stage in estimate.stages:  # every memory figure is printed whole (parts rounded to add up: within 0.1)
+        for value in (stage.memory.total_gib, stage.memory.limit_gib):
             assert f" {value:.1f} " in cells
+        assert any(f" {stage.memory.activations_gib + d:.1f} " in cells for d in (-0.05, 0.0, 0.05))
         assert re.search(rf"\b{1e3 * stage.dp_sync_s:.1f}\b", cells)
     assert f"{estimate.iteration_time_s:.3f}" in cells
 
@@ -44,9 +54,7 @@ def test_an_mfu_above_every_published_run_is_flagged():
     for instance in (plain, boosted):
         placement = default_placement(instance, tp=1, pp=1, micro_batch_size=1, recompute="full", zero_stage=1)
         estimate = evaluate(instance, placement)
-        out = io.StringIO()
-        print_tables(estimate_tables(instance, placement, estimate), Console(file=out, width=200, color_system=None))
-        texts.append((estimate.mfu, " ".join(out.getvalue().split())))
+        texts.append((estimate.mfu, report_text(instance, placement, estimate)))
     (plain_mfu, plain_text), (boosted_mfu, boosted_text) = texts
     assert plain_mfu < 0.59 and "treat as optimistic" not in plain_text
     assert boosted_mfu > 0.6 and "above the highest MFU published" in boosted_text
@@ -68,11 +76,9 @@ def test_the_report_says_how_often_pytorch_stack_runs_measured_beyond_the_slow_e
         data["training"]["software_stack"] = stack
         instance = build_instance(data)
         placement = default_placement(instance, tp=1, pp=1, micro_batch_size=1, recompute="full", zero_stage=1)
-        out = io.StringIO()
         estimate = evaluate(instance, placement)
         plans[stack] = estimate.to_dict()
-        print_tables(estimate_tables(instance, placement, estimate), Console(file=out, width=200, color_system=None))
-        texts[stack] = " ".join(out.getvalue().replace("│", " ").split())  # a cell's wrapped lines, joined
+        texts[stack] = report_text(instance, placement, estimate)
     phrase = f"{100 * shares['pytorch']:.0f} % of the published runs on the PyTorch stacks measured slower"
     assert phrase in texts["torchtitan"] and "measured slower" not in texts["megatron"]
     # the plan file carries the share of its stack kind beside the interval

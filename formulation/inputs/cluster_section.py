@@ -33,11 +33,17 @@ def load_cluster_section(data: dict, file: str, software_stack: str = "megatron"
 
 
 def _load_nodes(sec: Section, gpu_types: dict) -> tuple[Node, ...]:
-    """`nodes`: a list of {"name", "gpu_type", "gpus"}; `{"count": n, "prefix": "node", ...}` expands to n nodes."""
+    """`nodes`: a list of {"name", "gpu_type", "gpus"}; `{"count": n, "prefix": "node", ...}` expands to n nodes,
+    as an item of the list or alone (the compact form of a cluster of identical nodes needs no brackets)."""
     nodes: list[Node] = []
     total = 0
-    for i, item in enumerate(sec.items("nodes")):
-        ns = Section(item, sec.file, f"cluster.nodes[{i}]")
+    alone = isinstance(sec.raw("nodes", None), dict)
+    items = [sec.raw("nodes")] if alone else sec.items("nodes")
+    if alone and not Section(items[0], sec.file, "cluster.nodes").has("count"):
+        raise sec.error("nodes", 'expected a list of nodes, or one {"count", "prefix", "gpu_type", "gpus"} '
+                                 'object for many identical nodes; got an object without "count"')
+    for i, item in enumerate(items):
+        ns = Section(item, sec.file, "cluster.nodes" if alone else f"cluster.nodes[{i}]")
         gpu_type = ns.string("gpu_type")
         if gpu_type not in gpu_types:
             raise ns.error("gpu_type", f"GPU type {gpu_type!r} is not defined in cluster.gpu_types "

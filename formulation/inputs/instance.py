@@ -34,6 +34,7 @@ class Instance:
     cluster: Cluster
     source: str = "<memory>"
     warnings: tuple[str, ...] = ()  # plausibility warnings (likely unit mistakes); the CLI prints them
+    calibration: object = None  # the user calibration applied (formulation/inputs/user_calibration.py), for the labels
 
 
 def read_document(path: str | Path) -> dict:

@@ -45,9 +45,10 @@ def load_user_calibration(path: str | Path) -> UserCalibration:
 
 
 def apply_user_calibration(instance, cal: UserCalibration):
-    """The instance with the knobs applied (instances are immutable: a new one)."""
+    """The instance with the knobs applied (instances are immutable: a new one), which records `cal` so that
+    reports can say what was applied."""
     if (cal.compute_scale, cal.network_scale, cal.iteration_overhead_s) == (1.0, 1.0, 0.0):
-        return instance
+        return dataclasses.replace(instance, calibration=cal)
     cluster = instance.cluster
     types = {name: dataclasses.replace(
         t, matmul_efficiency=min(MAX_EFFICIENCY, t.matmul_efficiency * cal.compute_scale),
@@ -58,4 +59,4 @@ def apply_user_calibration(instance, cal: UserCalibration):
     cluster = dataclasses.replace(cluster, gpu_types=types, intra_gb_per_s=tuple(m * s for m in cluster.intra_gb_per_s),
                                   inter_gb_per_s=cluster.inter_gb_per_s * s,
                                   gpu_pair_gb_per_s={k: v * s for k, v in cluster.gpu_pair_gb_per_s.items()})
-    return dataclasses.replace(instance, cluster=cluster)
+    return dataclasses.replace(instance, cluster=cluster, calibration=cal)

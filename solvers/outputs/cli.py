@@ -15,13 +15,10 @@ expectation); 3 internal error; 130 interrupted before any plan existed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
-
-from rich.console import Console
 
 from formulation import InfeasibleError, InputError, evaluate, load_instance
 from formulation.inputs.ingest import summarize
@@ -32,10 +29,10 @@ from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint
 from solvers.outputs.arguments import OneLineParser, count, seconds, seed
 from solvers.outputs.files import write_json_atomic
-from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables, tie_note
+from solvers.outputs.plan_notes import input_warnings, launch_notes
+from solvers.outputs.report import estimate_warnings, print_report, terminal_console
+from solvers.result import with_caveats
 from solvers.search.driver import NoPlanInTime
-from solvers.search.islands import UNITS
-from solvers.search.objectives import objective_value
 from solvers.search.uniform import MAX_EXACT_SIZE
 from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
 
@@ -143,27 +140,18 @@ def run(argv: list[str]) -> int:
         if args.calibration:
             calibration = load_user_calibration(args.calibration)
             instance = apply_user_calibration(instance, calibration)
-            from solvers.validation.fewshot import disagreement_warning  # the validation stack only when asked
-            disagreement = disagreement_warning(calibration)
-            if disagreement:
-                print(f"warning: {args.calibration}: {disagreement}", file=sys.stderr)
-        for warning in instance.warnings:
+        for warning in input_warnings(instance):
             print(f"warning: {warning}", file=sys.stderr)
-        # Tables need room: a pipe or file gets 160 columns instead of rich's 80-column fallback.
-        console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
-        if args.evaluate:
+        console = terminal_console(stderr=args.json)
+        if args.evaluate:  # a scored placement takes the plan's way out: --json, --output, the tables, --output-dir
             placement = load_placement(args.evaluate, instance)
-            estimate = evaluate(instance, placement)
-            if args.json:
-                print(json.dumps({"placement": placement.to_dict(instance.cluster), "estimate": estimate.to_dict()},
-                                 indent=2))
-            else:
-                print_tables(estimate_tables(instance, placement, estimate) + [gpu_grid_table(instance, placement)],
-                             console)
-            return _write_outputs(args, instance, _Evaluated(placement, estimate), console)
-        result = _solve_with_progress(instance, args, solve)
-        if result.solver.objective == "time":  # a faster recompute the search does not propose, as a hint
+            result = _Evaluated(placement, evaluate(instance, placement))
+        else:
+            result = _solve_with_progress(instance, args, solve)
+        if getattr(result, "solver", None) is not None and result.solver.objective == "time":
             result.hints = [h for h in [block_recompute_hint(instance, result.placement, result.estimate)] if h]
+        result.warnings = input_warnings(instance) + estimate_warnings(instance, result.estimate)
+        result.calibration = None if instance.calibration is None else instance.calibration.to_dict()
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     except InfeasibleError as exc:
@@ -179,7 +167,7 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
-    _print_plan(instance, result, console)
+    print_report(instance, result, console)
     if args.output:
         console.print(f"plan written to {args.output}")
     return _write_outputs(args, instance, result, console)
@@ -201,61 +189,16 @@ def _ingest(argv: list[str]) -> int:
     return EXIT_OK
 
 
-def _print_plan(instance, result, console) -> None:
-    """The plan's tables, the solver's report, the comparison with the default, and the runners-up."""
-    print_tables(estimate_tables(instance, result.placement, result.estimate)
-                 + [gpu_grid_table(instance, result.placement)], console)
-    s = result.solver
-    console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
-                  f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
-                  f"gap {'n/a' if s.gap is None else f'{100 * s.gap:.2f} %'}, wall time {s.wall_time_s:.2f} s, "
-                  f"seed {s.seed}")
-    if s.note:
-        console.print(f"  ({s.note})")
-    if s.objective != "time":
-        console.print(f"objective {s.objective}: {s.objective_value:.6g} {UNITS[s.objective]} "
-                      f"(bound {s.bound_value:.6g})")
-    if s.islands:
-        print_tables([islands_table(s.islands)], console)
-    _print_default_comparison(instance, result, console)
-    for hint in result.hints:
-        console.print(f"hint: {hint['note']}")
-    for rank, (p, e) in enumerate(result.alternatives, start=2):
-        console.print(f"#{rank}: {e.iteration_time_s:.4f} s  {p.describe()}" + tie_note(result.estimate, e))
-
-
-def _print_default_comparison(instance, result, console) -> None:
-    """The plan against the best Megatron-style default placement, in the objective's own unit, and (for time)
-    the share of the gain that the GPU assignment alone brings (the plan's configuration and partition with
-    ranks filled node by node)."""
-    if not result.default:
-        return
-    objective = result.solver.objective
-    default_v = objective_value(instance, objective, *result.default)
-    plan_v = objective_value(instance, objective, result.placement, result.estimate)
-    unit = {"time": "s", "cost": "per million tokens", "gpus": "GPUs"}[objective]
-    text = f"Megatron-style default (best over configurations): {default_v:.4f} {unit}; this plan {plan_v:.4f} {unit}"
-    if default_v <= plan_v * 1.001:
-        console.print(f"{text}: no better than the default (within 0.1 %)")
-        return
-    share = ""
-    if result.solver.islands:  # mixed types: the map and the split go together (stages sit on islands)
-        share = "; stages composed on islands of identical GPUs, layers sized by each type's speed and memory"
-    elif objective == "time":
-        filled = dataclasses.replace(result.placement, gpus=tuple(range(result.placement.world_size)))
-        filled_s = evaluate(instance, filled, check=False).iteration_time_s
-        share = f"; the GPU assignment alone brings {100 * (filled_s - plan_v) / (default_v - plan_v):.0f} % of it"
-    console.print(f"{text}, {default_v / plan_v:.3f}x better{share}")
-
-
 class _Evaluated:
     """A scored placement in the shape `export_plan` takes (placement, estimate, to_dict) when no solver ran."""
 
     def __init__(self, placement, estimate):
         self.placement, self.estimate = placement, estimate
+        self.warnings, self.calibration = [], None
 
     def to_dict(self, cluster) -> dict:
-        return {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()}
+        return with_caveats({"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()},
+                            self.warnings, self.calibration)
 
 
 def _write_outputs(args, instance, plan, console) -> int:
@@ -274,6 +217,8 @@ def _write_outputs(args, instance, plan, console) -> int:
         return _fail(EXIT_BAD_INPUT, f"error: {target}: cannot write: {exc.strerror or exc}")
     for path in written.values():
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    for note in launch_notes(instance, plan) if args.output_dir else []:  # report.html lists them too
+        console.print(f"note: {note}", highlight=False)
     return EXIT_OK
 
 

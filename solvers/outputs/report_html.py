@@ -1,74 +1,74 @@
-"""report.html: the plan's tables and pictures on one self-contained page (pictures referenced next to it)."""
+"""report.html: the plan's tables and pictures on one self-contained page (pictures referenced next to it).
+
+It says what the terminal says: the same tables (solvers/outputs/report.py), the same warnings and the same lines
+beside them (solvers/outputs/plan_notes.py), and what the launch files change from the plan."""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
 
+from solvers.outputs.plan_notes import input_warnings, launch_notes, result_lines
+from solvers.outputs.report import TableData, detail_tables, estimate_warnings, gpu_map, islands_table, summary_table
+
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1700px; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+caption { text-align: left; font-weight: bold; padding: 4px 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
-tr.bad td { color: #b00; font-weight: bold; }
+tr.bad td { color: #b00; font-weight: bold; } tr.total td { font-weight: bold; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 6px 0; }
 .row { display: flex; gap: 16px; flex-wrap: wrap; align-items: flex-start; }
-code { background: #f5f5f5; padding: 1px 4px; }
+.warn { color: #a40; } code { background: #f5f5f5; padding: 1px 4px; }
 """
 
 
-def _table(header: list[str], rows: list[list], left: int = 1, bad: list[bool] | None = None) -> str:
-    def cell(tag: str, i: int, value) -> str:
-        return f"<{tag}{' class=l' if i < left else ''}>{html.escape(str(value))}</{tag}>"
+def _table(t: TableData) -> str:
+    def cell(tag: str, column: str, value: str) -> str:
+        left = (column in t.left) or not t.header
+        return f"<{tag}{' class=l' if left else ''}>{html.escape(value)}</{tag}>"
 
-    out = ["<table><tr>" + "".join(cell("th", i, h) for i, h in enumerate(header)) + "</tr>"]
-    for k, row in enumerate(rows):
-        flag = " class=bad" if bad and bad[k] else ""
-        out.append(f"<tr{flag}>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>")
+    out = [f"<table><caption>{html.escape(t.title)}</caption>"]
+    if t.header:
+        out.append("<tr>" + "".join(cell("th", c, c) for c in t.columns) + "</tr>")
+    for k, row in enumerate(t.rows):
+        flag = " class=bad" if t.bad and t.bad[k] else " class=total" if t.total and k == len(t.rows) - 1 else ""
+        out.append(f"<tr{flag}>" + "".join(cell("td", c, v) for c, v in zip(t.columns, row)) + "</tr>")
     return "\n".join(out + ["</table>"])
+
+
+def _items(lines: list[str], css: str = "") -> str:
+    if not lines:
+        return ""
+    return (f"<ul{f' class={css}' if css else ''}>" + "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines)
+            + "</ul>")
 
 
 def report_html(instance, plan, files: dict[str, Path]) -> str:
     p, e = plan.placement, plan.estimate
     solver = getattr(plan, "solver", None)
-    summary = [
-        ["model", f"{instance.model.name} ({instance.model.num_layers} layers, hidden {instance.model.hidden_size})"],
-        ["GPUs", f"{p.world_size} of {instance.cluster.num_gpus} ({len(instance.cluster.nodes)} nodes)"],
-        ["parallel sizes", f"{p.sizes()} vpp={p.vpp}"],
-        ["micro-batch, recompute, zero", f"{p.micro_batch_size}, {p.recompute_text}, {p.zero_stage}"],
-        ["layers per stage", ", ".join(map(str, p.layers_per_stage))],
-        ["micro-batches per iteration", e.num_micro_batches],
-        ["iteration time", f"{e.iteration_time_s:.3f} s"],
-        ["throughput", f"{e.tokens_per_s:,.0f} tokens/s"],
-        ["model TFLOP/s per GPU, MFU", f"{e.model_tflops_per_gpu:.1f}, {100 * e.mfu:.1f} %"],
-        ["peak memory", f"{e.peak_memory_gib:.1f} GiB ({'fits' if e.fits else 'DOES NOT FIT'})"],
-    ]
-    if solver is not None:
-        gap = "n/a" if solver.gap is None else f"{100 * solver.gap:.2f} %"
-        summary.append(["solver", f"{solver.method}, {solver.status}, gap {gap}, {solver.wall_time_s:.2f} s"])
-    breakdown = [[k.removesuffix("_s"), f"{v:.3f}", f"{100 * v / e.iteration_time_s:.1f} %"]
-                 for k, v in e.breakdown.items()]
-    stages = [[s.stage, s.layers, s.gpu_type, f"{1e3 * s.forward_s:.1f}", f"{1e3 * s.backward_s:.1f}",
-               f"{s.memory.weights_gib:.1f}", f"{s.memory.gradients_gib:.1f}", f"{s.memory.optimizer_gib:.1f}",
-               f"{s.memory.activations_gib:.1f}", f"{s.memory.total_gib:.1f}", f"{s.memory.limit_gib:.1f}"]
-              for s in e.stages]
+    tables = detail_tables(e)
+    if solver is not None and solver.islands:
+        tables.append(islands_table(solver.islands))
     links = "".join(f"<li><a href='{html.escape(name)}'><code>{html.escape(name)}</code></a></li>"
                     for name in files if not name.endswith(".png"))
     pictures = {name: f"<img src='{name}' alt='{name}'>" for name in ("schedule.png", "memory.png", "cluster.png")
                 if name in files}
+    warnings = [f"warning: {w}" for w in input_warnings(instance)] + [
+        f"WARNING: {w}" for w in estimate_warnings(instance, e)]
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         f"<title>Plan: {html.escape(instance.name)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>Training plan for {html.escape(instance.name)}</h1>",
         f"<p>{html.escape(instance.description)}</p>",
-        "<div class=row><div>", _table(["", ""], summary), "</div><div>",
-        _table(["critical path", "time [s]", "share"], breakdown), "</div></div>",
-        "<h2>Per stage: time per micro-batch and memory per GPU [GiB]</h2>",
-        _table(["stage", "layers", "GPU", "fwd [ms]", "bwd [ms]", "weights", "grads", "optim", "activ.", "total",
-                "limit"], stages, left=0, bad=[not s.memory.fits for s in e.stages]),
+        _table(summary_table(instance, p, e)), _items(warnings, "warn"), _items(result_lines(instance, plan)),
+        "<h2>Critical path, time and memory per stage</h2><div class=row>",
+        *(f"<div>{_table(t)}</div>" for t in tables), "</div>",
         "<h2>Pipeline schedule</h2>", pictures.get("schedule.png", ""),
         "<h2>Memory and GPU map</h2><div class=row>", pictures.get("memory.png", ""), "</div>",
-        pictures.get("cluster.png", ""),
-        "<h2>Launch files</h2><ul>", links, "</ul></body></html>"]
+        pictures.get("cluster.png", ""), _table(gpu_map(instance, p)),
+        "<h2>Launch files</h2>", _items([f"note: {n}" for n in launch_notes(instance, plan)], "warn"),
+        "<ul>", links, "</ul></body></html>"]
     return "\n".join(parts) + "\n"

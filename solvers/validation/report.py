@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from solvers.outputs.plan_notes import calibration_text
 from solvers.outputs.report import folding_table
 
 
@@ -17,6 +18,16 @@ def _pct(value: float | None, signed: bool = False) -> str:
 
 def _table_of(title: str, columns: list[str]) -> Table:
     return folding_table(title, columns, left=("source", "group", "model", "term"))
+
+
+def mode_label(runs_given: bool, in_sample: bool, calibration=None, calibration_path=None) -> str:
+    """How `solve validate` predicted, as its table's title and its JSON's `mode` say it: the stored calibration
+    or leave-one-source-out folds, and a user calibration applied on top of either (named, with its knobs)."""
+    base = ("stored calibration, fitted on the reference runs" if runs_given else
+            "stored calibration (in-sample)" if in_sample else "leave-one-source-out")
+    if calibration is None:
+        return base
+    return f"{base}, then your calibration {calibration_path or ''} ({calibration_text(calibration)})".replace("  ", " ")
 
 
 def print_summary(summary: dict, mode: str, console: Console) -> None:

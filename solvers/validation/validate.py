@@ -34,7 +34,7 @@ from solvers.validation import crossval, fewshot
 from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
-from solvers.validation.report import print_ablation, print_few_shot, print_predicted_rows, print_summary
+from solvers.validation.report import mode_label, print_ablation, print_few_shot, print_predicted_rows, print_summary
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
@@ -278,14 +278,13 @@ def _validate(args) -> int:
 
     console = Console(width=max(Console().width, 120))
     runs = crossval.reference_runs() if args.runs is None else users_runs(args.runs)
-    adjust = None
+    adjust, cal = None, None
     if args.calibration:
         cal = load_user_calibration(args.calibration)
         adjust = lambda instance: apply_user_calibration(instance, cal)  # noqa: E731
     # Your own runs file was never part of any fit: the stored calibration predicts it out of sample.
     in_sample = args.in_sample or args.runs is not None
-    mode = ("stored calibration, fitted on the reference runs" if args.runs is not None else
-            "stored calibration (in-sample)" if args.in_sample else "leave-one-source-out")
+    mode = mode_label(args.runs is not None, args.in_sample, cal, args.calibration)
     progress = None if args.json else (lambda k, n, family: print(f"  fold {k}/{n}: {family}", file=sys.stderr))
     predictions = crossval.cross_validate(runs, in_sample=in_sample, progress=progress, adjust=adjust)
     summary = crossval.summarize(predictions)

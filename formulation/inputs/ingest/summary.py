@@ -99,8 +99,13 @@ def _config_summary(path: Path) -> str:
     nested = " (the language model of a multimodal config's text_config; other towers are not planned)" \
         if "text_config" in data else ""
     mlp = "SwiGLU" if model.mlp == "swiglu" else "GELU"
+    moe = model.moe
+    experts = "" if moe is None else (
+        f"; mixture of experts in {sum(moe.layer_pattern)} of {model.num_layers} layers: {moe.num_experts} experts of "
+        f"FFN {moe.expert_ffn_hidden_size}, {moe.topk} per token" +
+        (f", shared expert FFN {moe.shared_expert_ffn_hidden_size}" if moe.shared_expert_ffn_hidden_size else ""))
     return (f"Hugging Face config {path}: {model.name}{nested}, {model.num_layers} layers, hidden "
             f"{model.hidden_size}, {model.num_attention_heads} attention heads ({model.num_kv_heads} key-value heads, "
-            f"head dim {model.head_dim}), FFN {model.ffn_hidden_size} ({mlp} MLP), vocabulary {model.vocab_size}, "
+            f"head dim {model.head_dim}), FFN {model.ffn_hidden_size} ({mlp} MLP{experts}), vocabulary {model.vocab_size}, "
             f"{'tied' if model.tie_word_embeddings else 'separate'} input and output embeddings, "
             f"{'with' if model.dropout else 'no'} dropout: {model.total_params / 1e9:.2f} B parameters.")
