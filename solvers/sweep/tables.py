@@ -46,7 +46,7 @@ def write_tables(sweep: Sweep, rows: list[dict], out: Path) -> dict[str, Path]:
         if "plan" in r:
             write_json_atomic(out / "plans" / f"cell{r['cell']:04d}.json", r["plan"])
     if front:
-        written["pareto.png"] = _pareto_picture(sweep, rows, front, out / "pareto.png")
+        written["pareto.png"] = pareto_picture(sweep, rows, front, out / "pareto.png")
     written["index.html"] = write_text_atomic(out / "index.html", _page(sweep, columns, table, front, "pareto.png"
                                                                          in written))
     return written
@@ -65,7 +65,7 @@ def _count(n: float) -> str:
     return f"{n:.3g}"
 
 
-def _pareto_picture(sweep: Sweep, rows: list[dict], front: list[dict], path: Path) -> Path:
+def pareto_picture(sweep: Sweep, rows: list[dict], front: list[dict], path: Path) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
     fig = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
