@@ -176,3 +176,24 @@ def test_a_ceiling_table_without_a_source_is_refused(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"ceilings.json: entries\[0\].source"):
         load_ceilings(path)
+
+
+def test_the_sweep_table_files_carry_the_flag(tmp_path):
+    """table.csv and table.json carry the ceiling, its source and the flag; index.html sets the flagged row apart."""
+    import csv
+
+    from solvers.sweep.cells import load_sweep
+    from solvers.sweep.tables import write_tables
+    sweep = load_sweep(Path(__file__).resolve().parent.parent / "instances" / "sweeps" / "llama31_70b_15t.yaml")
+    rows = []
+    for i, boost in enumerate((False, True)):
+        row = _flags(*_estimates(boost=boost))[2]
+        rows.append({"cell": i, "key": f"k{i}", "gpu_type": "h100-sxm-80gb", **row})
+    write_tables(sweep, rows, tmp_path)
+    table = list(csv.DictReader((tmp_path / "table.csv").open()))
+    assert [r["mfu_above_published"] for r in table] == ["False", "True"]
+    assert all("dgxc-benchmarking" in r["mfu_ceiling_source"] for r in table)
+    cells = json.loads((tmp_path / "table.json").read_text())["cells"]
+    assert [c["mfu_above_published"] for c in cells] == [False, True]
+    page = (tmp_path / "index.html").read_text()
+    assert page.count('<tr class="flag">') == 1
