@@ -156,8 +156,8 @@ def mfu_check(cluster, estimate) -> MfuCheck | None:
     kind = "moe" if "ep_comm_s" in estimate.breakdown else "dense"  # evaluate() prices expert traffic for MoE only
     table = ceilings()
     found = []
-    for stage in estimate.stages:
-        name = catalog_type(stage.gpu_type, cluster.gpu_types[stage.gpu_type])
+    for used in sorted({stage.gpu_type for stage in estimate.stages}):
+        name = catalog_type(used, cluster.gpu_types[used])
         best = table.best(name, estimate.interval_group, kind) if name else None
         if best is not None:
             found.append((best.mfu, name, best))
