@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from formulation.evaluate import Estimate
 from formulation.intervals import intervals_overlap
+from formulation.mfu_ceiling import mfu_check
 from formulation.placement import Placement
 
 
@@ -62,6 +63,9 @@ class PlanResult:
                                    for p, e in self.alternatives]
         if self.hints:
             out["hints"] = self.hints
+        check = mfu_check(cluster, self.estimate)
+        if check is not None:  # the estimate against the highest MFU published for its GPU type and precision
+            out["plausibility"] = check.to_dict()
         return with_caveats(out, self.warnings, self.calibration)
 
 

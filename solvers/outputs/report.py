@@ -14,11 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
-from formulation.inputs.gpus import gpu_catalog
 from formulation.inputs.job import PYTORCH_STACKS
 from formulation.intervals import interval_basis, slow_tail_share
+from formulation.mfu_ceiling import mfu_warning
 from formulation.placement import Placement
 from solvers.outputs.plan_notes import calibration_text, result_lines, tie_note  # noqa: F401 (tie_note: re-export)
 
@@ -30,40 +29,11 @@ def comment_lines(notes: list[str], prefix: str = "") -> list[str]:
                                        break_on_hyphens=False)]
 
 
-@functools.cache
-def _published_mfu() -> dict[tuple[str, str], tuple[float, str]]:
-    """The highest MFU published per (catalog GPU type, precision) in the packaged reference runs."""
-    best: dict[tuple[str, str], tuple[float, str]] = {}
-    for name in ("published_runs.csv", "published_runs_torchtitan.csv"):
-        with (REFERENCE_DIR / name).open(newline="") as handle:
-            for row in csv.DictReader(handle):
-                try:
-                    mfu = float(row["mfu"])
-                except (KeyError, ValueError):
-                    continue
-                key = (row["gpu_type"], row["precision"] or "bf16")
-                if mfu > best.get(key, (0.0, ""))[0]:
-                    best[key] = (mfu, row["source"].split(" (")[0])
-    return best
-
-
 def _mfu_note(instance, e: Estimate) -> str:
-    """A prediction above every published run of its GPU type is more likely the model's optimism than a record."""
-    catalog = gpu_catalog()
-    published = []
-    for stage in e.stages:
-        gpu = instance.cluster.gpu_types[stage.gpu_type]
-        names = [n for n, c in catalog.items() if c.get("peak_tflops") == gpu.peak_tflops
-                 and c.get("memory_gib") == gpu.memory_gib]
-        published += [_published_mfu()[(n, instance.training.precision)] for n in names
-                      if (n, instance.training.precision) in _published_mfu()]
-    if not published:
-        return ""
-    ceiling, source = max(published)
-    if e.mfu <= ceiling:
-        return ""
-    return (f" (above the highest MFU published for this GPU type and precision, {100 * ceiling:.1f} % in "
-            f"{source}: treat as optimistic)")
+    """A prediction above the highest MFU published for its GPU type and precision is more likely the model's
+    optimism than a record (formulation/mfu_ceiling.py)."""
+    warning = mfu_warning(instance.cluster, e)
+    return f" - WARNING: {warning}" if warning else ""
 
 
 def folding_table(title: str, columns, left=("GPU", "part")) -> Table:

@@ -31,6 +31,7 @@ from pathlib import Path
 from formulation import InfeasibleError, InputError, instance_from_dict
 from formulation.errors import Section
 from formulation.inputs.instance import read_document
+from formulation.mfu_ceiling import mfu_check
 from solvers.search.objectives import price_per_s
 from solvers.search.driver import NoPlanInTime
 from solvers.solve import solve
@@ -40,7 +41,7 @@ AXES = ("model", "gpu_type", "nodes", "global_batch_size", "seq_length", "object
 # figures (intra-/inter-node bandwidth, latencies) and drops what no longer applies.
 NODE_SPECIFIC = ("nodes", "node_pairs", "node_matrix_gb_per_s", "gpu_matrix_gb_per_s", "gpu_pairs", "leaf_groups",
                  "nccl_tests", "sendrecv_logs", "nvidia_smi_topo")
-CACHE_VERSION = 1  # bump when a cell's result format changes, so old cache entries are not reused
+CACHE_VERSION = 2  # bump when a cell's result format changes, so old cache entries are not reused
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,11 @@ def plan_row(instance, result, token_budget: float | None) -> dict:
            "peak_memory_gib": e.peak_memory_gib, "gap": s.gap, "days": days,
            "gpu_hours": days * 24 * gpus if days is not None else None,
            "cost": days * 24 * price if days is not None and price > 0 else None}
+    check = mfu_check(instance.cluster, e)
+    if check is not None:  # the highest MFU published for the GPU type and precision, and whether the cell is above
+        row["mfu_ceiling"] = check.ceiling.mfu
+        row["mfu_above_published"] = check.above
+        row["mfu_ceiling_source"] = f"{check.ceiling.source['title']} ({check.ceiling.source['url']})"
     interval = e.to_dict().get("iteration_time_interval_s")
     if interval:  # the prediction interval, where the estimate carries one
         row["iteration_time_p10_s"], row["iteration_time_p90_s"] = interval[0], interval[-1]

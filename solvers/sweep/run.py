@@ -109,4 +109,10 @@ def main(argv: list[str]) -> int:
     ok = sum("plan" in r for r in rows)
     print(f"{sweep.name}: {len(rows)} cells, {ok} planned, {len(rows) - ok} without a plan; "
           + ", ".join(str(p) for p in written.values()))
+    flagged = [r for r in rows if r.get("mfu_above_published")]
+    if flagged:
+        which = "1 cell predicts" if len(flagged) == 1 else f"{len(flagged)} cells predict"
+        print(f"WARNING: {which} an MFU above the highest published for their GPU type and precision (cell "
+              f"{', '.join(str(r['cell']) for r in flagged)}; mfu_ceiling and its source in the table): treat as "
+              "optimistic")
     return 0

@@ -13,8 +13,9 @@ from solvers.sweep.cells import Sweep
 
 COLUMNS = ["cell", "base", "model", "gpu_type", "nodes", "global_batch_size", "seq_length", "objective", "status",
            "gpus", "tp", "pp", "cp", "dp", "vpp", "micro_batch_size", "recompute", "zero_stage", "iteration_time_s",
-           "iteration_time_p10_s", "iteration_time_p90_s", "tokens_per_s", "mfu", "peak_memory_gib", "gap", "days",
-           "gpu_hours", "cost", "wall_time_s", "reason", "key"]
+           "iteration_time_p10_s", "iteration_time_p90_s", "tokens_per_s", "mfu", "mfu_ceiling", "mfu_above_published",
+           "peak_memory_gib", "gap", "days",
+           "gpu_hours", "cost", "wall_time_s", "mfu_ceiling_source", "reason", "key"]
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:
@@ -45,7 +46,7 @@ def write_tables(sweep: Sweep, rows: list[dict], out: Path) -> dict[str, Path]:
         if "plan" in r:
             write_json_atomic(out / "plans" / f"cell{r['cell']:04d}.json", r["plan"])
     if front:
-        written["pareto.png"] = _pareto_picture(sweep, rows, front, out / "pareto.png")
+        written["pareto.png"] = pareto_picture(sweep, rows, front, out / "pareto.png")
     written["index.html"] = write_text_atomic(out / "index.html", _page(sweep, columns, table, front, "pareto.png"
                                                                          in written))
     return written
@@ -64,7 +65,7 @@ def _count(n: float) -> str:
     return f"{n:.3g}"
 
 
-def _pareto_picture(sweep: Sweep, rows: list[dict], front: list[dict], path: Path) -> Path:
+def pareto_picture(sweep: Sweep, rows: list[dict], front: list[dict], path: Path) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
     fig = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
@@ -90,12 +91,18 @@ def _page(sweep: Sweep, columns: list[str], table: list[dict], front: list[dict]
         return html.escape(f"{v:.4g}" if isinstance(v, float) else "" if v is None else str(v))
     on_front = {r["cell"] for r in front}
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr" + (' class="front"' if r["cell"] in on_front else "") + ">"
+    def row_class(r: dict) -> str:
+        names = (["front"] if r["cell"] in on_front else []) + (["flag"] if r.get("mfu_above_published") else [])
+        return f' class="{" ".join(names)}"' if names else ""
+    body = "".join("<tr" + row_class(r) + ">"
                    + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>" for r in table)
     image = '<p><img src="pareto.png" alt="Pareto front of days against cost"></p>' if picture else \
         "<p>No cell has both a token budget and a price: no Pareto picture.</p>"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(sweep.name)}</title><style>"
             "body{font-family:sans-serif} table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ccc;"
-            "padding:2px 6px;text-align:right} tr.front{background:#fde8e8}</style></head><body>"
-            f"<h1>{html.escape(sweep.name)}</h1>{image}<p>Rows on the Pareto front are shaded.</p>"
+            "padding:2px 6px;text-align:right} tr.front{background:#fde8e8} tr.flag td{color:#9a3412;font-weight:bold}"
+            "</style></head><body>"
+            f"<h1>{html.escape(sweep.name)}</h1>{image}<p>Rows on the Pareto front are shaded. Rows in bold "
+            "(mfu_above_published) predict an MFU above the highest published for their GPU type and precision "
+            "(mfu_ceiling, its source in mfu_ceiling_source): treat them as optimistic.</p>"
             f"<table><tr>{head}</tr>{body}</table></body></html>\n")
