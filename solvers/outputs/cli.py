@@ -1,7 +1,7 @@
 """The `solve` command.
 
     solve --instance instances/h100_128.json [--output plan.json] [--top K] [--output-dir DIR] [--plot]
-          [--method auto|exact|bound-only|anneal|baseline] [--backend auto|cbc|cpsat] [--time-limit S]
+          [--framework megatron|torchtitan] [--method auto|exact|bound-only|anneal|baseline] [--backend auto|cbc|cpsat] [--time-limit S]
     solve --instance X --evaluate placement.json [--json] [--output-dir DIR] [--plot]
     solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
     solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
@@ -30,7 +30,8 @@ from formulation.placement import load_placement
 from solvers import solve
 from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint
-from solvers.outputs.arguments import OneLineParser, count, seconds, seed
+from formulation.inputs.frameworks import config_problem, describe
+from solvers.outputs.arguments import OneLineParser, add_framework_option, count, seconds, seed
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.report import estimate_tables, gpu_grid_table, islands_table, print_tables, tie_note
 from solvers.search.driver import NoPlanInTime
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", metavar="PLAN.json", help="write the plan (placement, estimate, solver report)")
     parser.add_argument("--output-dir", metavar="DIR", help="write plan.json, Megatron-LM arguments, torchrun and Slurm "
                                                             "launch scripts, torchtitan arguments (0.3) and TOML (0.2), pictures, README.txt")
+    add_framework_option(parser)
     parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
                                                             "--output-dir, else next to --output, else here)")
     parser.add_argument("--method", default=None, choices=METHODS,
@@ -139,7 +141,7 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, problem)
     args.method, args.backend = strategy(args.solver, args.method or "auto", args.backend or "auto")
     try:
-        instance = load_instance(args.instance)
+        instance = load_instance(args.instance, framework=args.framework)
         if args.calibration:
             calibration = load_user_calibration(args.calibration)
             instance = apply_user_calibration(instance, calibration)
@@ -153,6 +155,10 @@ def run(argv: list[str]) -> int:
         console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
         if args.evaluate:
             placement = load_placement(args.evaluate, instance)
+            problem = config_problem(instance.training.framework, instance.training.seq_length, placement)
+            if problem:  # the framework would run something else: its score would not be this placement's
+                return _fail(EXIT_BAD_INPUT, f"error: {args.evaluate}: {problem[0]}: {problem[1]} "
+                                             f"({_framework_origin(instance, args)})")
             estimate = evaluate(instance, placement)
             if args.json:
                 print(json.dumps({"placement": placement.to_dict(instance.cluster), "estimate": estimate.to_dict()},
@@ -160,6 +166,7 @@ def run(argv: list[str]) -> int:
             else:
                 print_tables(estimate_tables(instance, placement, estimate) + [gpu_grid_table(instance, placement)],
                              console)
+                console.print(_framework_line(instance, args), highlight=False)
             return _write_outputs(args, instance, _Evaluated(placement, estimate), console)
         result = _solve_with_progress(instance, args, solve)
         if result.solver.objective == "time":  # a faster recompute the search does not propose, as a hint
@@ -179,7 +186,7 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
-    _print_plan(instance, result, console)
+    _print_plan(instance, result, console, args)
     if args.output:
         console.print(f"plan written to {args.output}")
     return _write_outputs(args, instance, result, console)
@@ -201,10 +208,11 @@ def _ingest(argv: list[str]) -> int:
     return EXIT_OK
 
 
-def _print_plan(instance, result, console) -> None:
+def _print_plan(instance, result, console, args) -> None:
     """The plan's tables, the solver's report, the comparison with the default, and the runners-up."""
     print_tables(estimate_tables(instance, result.placement, result.estimate)
                  + [gpu_grid_table(instance, result.placement)], console)
+    console.print(_framework_line(instance, args), highlight=False)
     s = result.solver
     console.print(f"solver: {s.method}, status {s.status}, objective {s.objective_s:.4f} s, "
                   f"bound {'n/a' if s.bound_s is None else f'{s.bound_s:.4f} s'}, "
@@ -222,6 +230,23 @@ def _print_plan(instance, result, console) -> None:
         console.print(f"hint: {hint['note']}")
     for rank, (p, e) in enumerate(result.alternatives, start=2):
         console.print(f"#{rank}: {e.iteration_time_s:.4f} s  {p.describe()}" + tie_note(result.estimate, e))
+
+
+def _framework_origin(instance, args) -> str:
+    where = "--framework" if args.framework else "the instance's training.framework"
+    return f"{where} {instance.training.framework}"
+
+
+def _framework_line(instance, args) -> str:
+    """Which framework and software stack the plan is for, and where each came from (flag, instance, default)."""
+    job = instance.training
+    if job.framework:
+        return (f"planned for {job.framework} ({_framework_origin(instance, args)}): software stack "
+                f"{job.software_stack}; {describe(job)}")
+    stack_origin = "default: training.software_stack not set" if job.software_stack_defaulted else \
+        "the instance's training.software_stack"
+    return (f"planned for no particular framework: software stack {job.software_stack} ({stack_origin}), "
+            f"Megatron-LM's decisions; --framework megatron|torchtitan plans for the framework you launch")
 
 
 def _print_default_comparison(instance, result, console) -> None:
@@ -274,6 +299,10 @@ def _write_outputs(args, instance, plan, console) -> int:
         return _fail(EXIT_BAD_INPUT, f"error: {target}: cannot write: {exc.strerror or exc}")
     for path in written.values():
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    if args.output_dir and instance.training.framework:
+        console.print(f"the plan is for {instance.training.framework}: launch it with FRAMEWORK="
+                      f"{instance.training.framework} bash {Path(args.output_dir) / 'launch_torchrun.sh'} "
+                      f"(or launch_slurm.sh)", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 
