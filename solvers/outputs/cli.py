@@ -1,7 +1,8 @@
 """The `solve` command.
 
     solve --instance instances/h100_128.json [--output plan.json] [--top K] [--output-dir DIR] [--plot]
-          [--framework megatron|torchtitan] [--method auto|exact|bound-only|anneal|baseline] [--backend auto|cbc|cpsat] [--time-limit S]
+          [--framework megatron|torchtitan] [--method auto|exact|bound-only|anneal|baseline]
+          [--backend auto|cbc|cpsat] [--time-limit S]
     solve --instance X --evaluate placement.json [--json] [--output-dir DIR] [--plot]
     solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
     solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
@@ -245,8 +246,8 @@ def _framework_line(instance, args) -> str:
                 f"{job.software_stack}; {describe(job)}")
     stack_origin = "default: training.software_stack not set" if job.software_stack_defaulted else \
         "the instance's training.software_stack"
-    return (f"planned for no particular framework: software stack {job.software_stack} ({stack_origin}), "
-            f"Megatron-LM's decisions; --framework megatron|torchtitan plans for the framework you launch")
+    return (f"planned for no particular framework: software stack {job.software_stack} ({stack_origin}); "
+            f"--framework megatron|torchtitan plans for the framework you launch")
 
 
 def _print_default_comparison(instance, result, console) -> None:
