@@ -7,6 +7,7 @@ from typing import Iterator
 
 from formulation.physics import layer_kinds
 from formulation.physics.memory import memory_coefficients, stage_memory
+from formulation.inputs.frameworks import config_problem
 from formulation.inputs.job import DATA_PARALLEL_ONLY
 from formulation.placement import Config, Placement
 
@@ -24,7 +25,8 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
     pp at most the layer count; cp from the allowed sizes, dividing the sequence; dp fills the world;
     micro-batch sizes dividing the per-replica batch; vpp > 1 only with pp > 1, m divisible by pp and
     the layers divisible into whole chunks of vpp per stage; recompute and zero_stage from the allowed choices.
-    A data-parallel-only stack (llm-foundry) gets tp = pp = cp = 1.
+    A data-parallel-only stack (llm-foundry) gets tp = pp = cp = 1. A job planned for a framework
+    (`training.framework`) gets only the configurations it runs (formulation/inputs/frameworks.py).
     """
     model, job, cluster = instance.model, instance.training, instance.cluster
     world = world_size or cluster.num_gpus
@@ -48,7 +50,7 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
 def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
     """Every configuration with these parallel sizes: dp dividing the batch, micro-batch sizes dividing the
     per-replica batch, vpp > 1 only with pp > 1, m divisible by pp and the layers divisible into whole chunks
-    of vpp per stage; recompute and zero_stage from the allowed choices."""
+    of vpp per stage; recompute and zero_stage from the allowed choices; those the job's framework runs."""
     model, job = instance.model, instance.training
     if job.global_batch_size % dp:
         return
@@ -66,7 +68,9 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
                     if zero >= 3 and model.moe is not None:  # Megatron-Core shards experts with its
                         continue  # distributed optimizer (zero 1), not ZeRO-3
                     for ep, etp in expert_sizes(instance, tp * cp * dp):
-                        yield Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp)
+                        config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp)
+                        if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
+                            yield config
 
 
 def expert_sizes(instance, ranks: int) -> list[tuple[int, int]]:

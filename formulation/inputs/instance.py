@@ -20,6 +20,7 @@ from formulation.errors import (
     reject_duplicates,
     reject_lone_surrogates,
 )
+from formulation.inputs.frameworks import model_problem
 from formulation.inputs.job import TrainingJob, load_training_section
 from formulation.inputs.model import Model, load_model_section
 from formulation.inputs.plausibility import plausibility_warnings
@@ -97,7 +98,9 @@ def _parse_yaml(text: str, file: str):
     return data
 
 
-def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None = None) -> Instance:
+def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None = None,
+                       framework: str | None = None) -> Instance:
+    """An instance from its parsed document; `framework` (solve --framework) as if `training.framework` named it."""
     sec = Section(data, file, "")
     base_dir = base_dir or Path(".")
     name = sec.string("name")
@@ -105,15 +108,19 @@ def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None
     if not isinstance(description, str):
         raise sec.error("description", "expected a string")
     model = load_model_section(sec.raw("model"), file, base_dir)
-    training = load_training_section(sec.raw("training"), file)
+    training = load_training_section(sec.raw("training"), file, framework)
+    problem = model_problem(training.framework, model)
+    if problem:
+        raise InputError(file, "training.framework", problem)
     cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack, base_dir)
     sec.done()
     return Instance(name=name, description=description, model=model, training=training, cluster=cluster,
                     source=file, warnings=tuple(plausibility_warnings(data, file)))
 
 
-def load_instance(path: str | Path) -> Instance:
-    """Load and validate an instance file (JSON or YAML). Raises `InputError` on any problem."""
+def load_instance(path: str | Path, framework: str | None = None) -> Instance:
+    """Load and validate an instance file (JSON or YAML), planned for `framework` (megatron, torchtitan) if given
+    (formulation/inputs/frameworks.py). Raises `InputError` on any problem."""
     path = Path(path)
     data = read_document(path)
-    return instance_from_dict(data, str(path), path.resolve().parent)
+    return instance_from_dict(data, str(path), path.resolve().parent, framework)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from formulation.errors import Section
+from formulation.inputs.frameworks import FRAMEWORKS, framework_zero_stages
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 # Megatron-Core's selective recompute by module (--recompute-modules, TransformerConfig.recompute_modules), in its
@@ -42,6 +43,9 @@ class TrainingJob:
     precision: str = "bf16"
     software_stack: str = DEFAULT_STACK  # selects behaviours and calibrated efficiencies (docs/physics.md)
     software_stack_defaulted: bool = False  # the instance did not name its stack (reports warn)
+    # the framework the plan is launched with (formulation/inputs/frameworks.py): None leaves the decisions
+    # unrestricted (Megatron-LM's, whatever the stack); set, only those it runs are searched
+    framework: str | None = None
     torch_compile: bool = True  # PyTorch stacks: torch.compile fuses the elementwise ops (eager runs them unfused)
     # the loss: a fused cross entropy (Megatron-LM's vocab-parallel one, flash-attn's in llm-foundry) keeps the
     # logits and one fp32 copy; torchtitan's PyTorch cross entropy on fp32 logits saves more (docs/physics.md)
@@ -127,17 +131,40 @@ def _sizes(sec: Section, key: str, default: tuple) -> tuple[int, ...]:
     return tuple(sorted(set(value)))
 
 
-def load_training_section(data: dict, file: str) -> TrainingJob:
-    sec = Section(data, file, "training")
-    stack = sec.string("software_stack", default=DEFAULT_STACK, choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
+def _stack_and_framework(sec: Section, flag: str | None) -> tuple[str, str | None, str]:
+    """(software stack, framework, how to name the framework in errors): the framework from `flag` (solve
+    --framework) or training.framework; it runs its own stack, so a section naming another is an error."""
+    named = sec.string("framework", default=None, choices=FRAMEWORKS)
+    if flag is not None and flag not in FRAMEWORKS:
+        raise sec.error("framework", f"expected one of {', '.join(FRAMEWORKS)}; got --framework {flag!r}")
+    if flag is not None and named is not None and named != flag:
+        raise sec.error("framework", f"{named} conflicts with --framework {flag}: drop one")
+    framework = flag or named
+    origin = f"--framework {flag}" if flag else f"framework {named}"
+    stack = sec.string("software_stack", default=framework or DEFAULT_STACK,
+                       choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
     stack = STACK_ALIASES.get(stack, stack)
+    if framework is not None and stack != framework:
+        raise sec.error("software_stack", f"{sec.raw('software_stack')} conflicts with {origin} (a {framework} plan "
+                                          f"runs the {framework} stack): drop one")
+    return stack, framework, origin
+
+
+def load_training_section(data: dict, file: str, framework: str | None = None) -> TrainingJob:
+    """The training section; `framework` (solve --framework) as if the section named it, conflicts are errors."""
+    sec = Section(data, file, "training")
+    stack, framework, origin = _stack_and_framework(sec, framework)
     foundry = stack == "llm-foundry"
+    zero_stages = _choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int)
+    if framework is not None:  # each listed stage read as the one the framework runs in its place
+        zero_stages = framework_zero_stages(framework, zero_stages)
     compile_on = sec.boolean("torch_compile", default=not foundry)  # Composer compiles only when asked
     job = TrainingJob(
         global_batch_size=sec.integer("global_batch_size"),
         seq_length=sec.integer("seq_length", maximum=16 * 1024 * 1024),
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
-        software_stack=stack, software_stack_defaulted=not sec.has("software_stack"),
+        software_stack=stack, software_stack_defaulted=not sec.has("software_stack") and framework is None,
+        framework=framework,
         torch_compile=compile_on,
         compiled_loss=sec.boolean("compiled_loss", default=compile_on),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),
@@ -147,7 +174,7 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, ("none", "full") if foundry else RECOMPUTE_CHOICES,
                            str),
         recompute_modules=_choices(sec, "recompute_modules", RECOMPUTE_MODULES, DEFAULT_RECOMPUTE_MODULES, str),
-        zero_stage=_choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int),
+        zero_stage=zero_stages,
         max_micro_batch_size=sec.integer("max_micro_batch_size", default=8),
         max_tensor_parallel_size=sec.integer("max_tensor_parallel_size", default=0, minimum=0),
         context_parallel_sizes=_sizes(sec, "context_parallel_sizes", (1,)),
@@ -172,9 +199,18 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
     if job.recompute_modules != DEFAULT_RECOMPUTE_MODULES and job.software_stack != "megatron":
         raise sec.error("recompute_modules", f"Megatron-Core's recompute modules apply to software_stack megatron, "
                                              f"not {job.software_stack} (torchtitan's selective recompute is op-level)")
-    for cp in job.context_parallel_sizes:  # a listed size that can never apply is a mistake, not a choice
+    _check_context_parallel_sizes(sec, job, origin)
+    sec.done()
+    return job
+
+
+def _check_context_parallel_sizes(sec: Section, job: TrainingJob, origin: str) -> None:
+    """A listed size that can never apply is a mistake, not a choice."""
+    for cp in job.context_parallel_sizes:
         if job.seq_length % cp:
             raise sec.error("context_parallel_sizes", f"context-parallel size {cp} does not divide seq_length "
                                                       f"{job.seq_length} (each cp rank takes seq_length / cp tokens)")
-    sec.done()
-    return job
+        if job.framework is not None and cp > 1 and job.seq_length % (2 * cp):
+            raise sec.error("context_parallel_sizes", f"{origin} splits the sequence into 2 x cp chunks (causal "
+                                                      f"load balancing): {2 * cp} does not divide seq_length "
+                                                      f"{job.seq_length}")

@@ -7,6 +7,8 @@ import argparse
 import math
 import sys
 
+from formulation.inputs.frameworks import FRAMEWORKS
+
 # CP-SAT and numpy take a 32-bit signed seed
 MAX_SEED = 2**31 - 1
 
@@ -41,3 +43,13 @@ def seed(text: str) -> int:
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"expected an integer in 0 .. {MAX_SEED}, got {text!r}")
     return value
+
+
+def add_framework_option(parser: argparse.ArgumentParser) -> None:
+    """--framework megatron|torchtitan: plan for the framework the plan is launched with."""
+    parser.add_argument("--framework", default=None, choices=FRAMEWORKS,
+                        help="plan for the framework you launch: its software stack (calibrated efficiencies and "
+                             "behaviours) and only the decisions it runs (torchtitan: FSDP2 as zero_stage 3, replicate "
+                             "only without tp, pp or cp), so that the plan and its launch files agree; an instance "
+                             "naming another software_stack is an error. Default: the instance's stack (megatron if "
+                             "unset), Megatron-LM's decisions")

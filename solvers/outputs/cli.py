@@ -1,7 +1,8 @@
 """The `solve` command.
 
     solve --instance instances/h100_128.json [--output plan.json] [--top K] [--output-dir DIR] [--plot]
-          [--method auto|exact|bound-only|anneal|baseline] [--backend auto|cbc|cpsat] [--time-limit S]
+          [--framework megatron|torchtitan] [--method auto|exact|bound-only|anneal|baseline]
+          [--backend auto|cbc|cpsat] [--time-limit S]
     solve --instance X --evaluate placement.json [--json] [--output-dir DIR] [--plot]
     solve validate [--runs FILE.csv] [--json]        (predicted vs measured, reference runs by default)
     solve calibrate [--write]                        (fit efficiency parameters on the calibration split)
@@ -27,7 +28,8 @@ from formulation.placement import load_placement
 from solvers import solve
 from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint
-from solvers.outputs.arguments import OneLineParser, count, seconds, seed
+from formulation.inputs.frameworks import config_problem, describe
+from solvers.outputs.arguments import OneLineParser, add_framework_option, count, seconds, seed
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.plan_notes import input_warnings, launch_notes
 from solvers.outputs.report import estimate_warnings, print_report, terminal_console
@@ -53,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", metavar="PLAN.json", help="write the plan (placement, estimate, solver report)")
     parser.add_argument("--output-dir", metavar="DIR", help="write plan.json, Megatron-LM arguments, torchrun and Slurm "
                                                             "launch scripts, torchtitan arguments (0.3) and TOML (0.2), pictures, README.txt")
+    add_framework_option(parser)
     parser.add_argument("--plot", action="store_true", help="draw schedule.png, memory.png and cluster.png (into "
                                                             "--output-dir, else next to --output, else here)")
     parser.add_argument("--method", default=None, choices=METHODS,
@@ -136,7 +139,7 @@ def run(argv: list[str]) -> int:
         return _fail(EXIT_BAD_INPUT, problem)
     args.method, args.backend = strategy(args.solver, args.method or "auto", args.backend or "auto")
     try:
-        instance = load_instance(args.instance)
+        instance = load_instance(args.instance, framework=args.framework)
         if args.calibration:
             calibration = load_user_calibration(args.calibration)
             instance = apply_user_calibration(instance, calibration)
@@ -145,6 +148,10 @@ def run(argv: list[str]) -> int:
         console = terminal_console(stderr=args.json)
         if args.evaluate:  # a scored placement takes the plan's way out: --json, --output, the tables, --output-dir
             placement = load_placement(args.evaluate, instance)
+            problem = config_problem(instance.training.framework, instance.training.seq_length, placement)
+            if problem:  # the framework would run something else: its score would not be this placement's
+                return _fail(EXIT_BAD_INPUT, f"error: {args.evaluate}: {problem[0]}: {problem[1]} "
+                                             f"({_framework_origin(instance, args)})")
             result = _Evaluated(placement, evaluate(instance, placement))
         else:
             result = _solve_with_progress(instance, args, solve)
@@ -168,6 +175,7 @@ def run(argv: list[str]) -> int:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
     print_report(instance, result, console)
+    console.print(_framework_line(instance, args), highlight=False)
     if args.output:
         console.print(f"plan written to {args.output}")
     return _write_outputs(args, instance, result, console)
@@ -187,6 +195,23 @@ def _ingest(argv: list[str]) -> int:
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     return EXIT_OK
+
+
+def _framework_origin(instance, args) -> str:
+    where = "--framework" if args.framework else "the instance's training.framework"
+    return f"{where} {instance.training.framework}"
+
+
+def _framework_line(instance, args) -> str:
+    """Which framework and software stack the plan is for, and where each came from (flag, instance, default)."""
+    job = instance.training
+    if job.framework:
+        return (f"planned for {job.framework} ({_framework_origin(instance, args)}): software stack "
+                f"{job.software_stack}; {describe(job)}")
+    stack_origin = "default: training.software_stack not set" if job.software_stack_defaulted else \
+        "the instance's training.software_stack"
+    return (f"planned for no particular framework: software stack {job.software_stack} ({stack_origin}); "
+            f"--framework megatron|torchtitan plans for the framework you launch")
 
 
 class _Evaluated:
@@ -219,6 +244,10 @@ def _write_outputs(args, instance, plan, console) -> int:
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     for note in launch_notes(instance, plan) if args.output_dir else []:  # report.html lists them too
         console.print(f"note: {note}", highlight=False)
+    if args.output_dir and instance.training.framework:
+        console.print(f"the plan is for {instance.training.framework}: launch it with FRAMEWORK="
+                      f"{instance.training.framework} bash {Path(args.output_dir) / 'launch_torchrun.sh'} "
+                      f"(or launch_slurm.sh)", highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

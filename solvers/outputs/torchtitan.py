@@ -21,6 +21,7 @@ import shlex
 from dataclasses import dataclass
 
 from formulation import evaluate
+from formulation.inputs.frameworks import torchtitan_zero_stages as runnable_zero_stages
 from formulation.placement import Placement
 from solvers.outputs.report import comment_lines
 
@@ -47,17 +48,6 @@ class TorchtitanRun:
     @property
     def shard_degree(self) -> int:
         return self.placement.dp if self.shard else 1
-
-
-def runnable_zero_stages(p: Placement, release: str) -> tuple[int, ...]:
-    """The planner's zero stages that `release` runs as such (0: replicate, 3: FSDP over dp x cp)."""
-    if p.dp * p.cp == 1:
-        return (0, 1, 3)  # nothing to replicate or shard: every stage is the same run
-    if p.cp > 1:
-        return (3,)
-    if release == "0.2" and (p.tp > 1 or p.pp > 1):
-        return (3,)
-    return (0, 3)
 
 
 def _why_not(p: Placement, release: str) -> str:
