@@ -18,7 +18,7 @@ from formulation.inputs.model import load_model_section
 from formulation.intervals import interval_group
 from formulation.mfu_ceiling import CEILINGS_PATH, ceilings, load_ceilings, mfu_check
 from formulation.physics import moe_cost
-from solvers.outputs.report import estimate_tables, print_tables
+from solvers.outputs.report import estimate_tables, estimate_warnings, print_tables
 from solvers.result import PlanResult, SolverReport
 from solvers.sweep.cells import plan_row
 from solvers.validation.runs import load_runs
@@ -125,7 +125,10 @@ def _estimates(boost: bool, precision: str = "bf16", gpu: str = "h100-sxm-80gb")
 
 def _flags(instance, placement, estimate) -> tuple[str, dict, dict]:
     out = io.StringIO()
-    print_tables(estimate_tables(instance, placement, estimate), Console(file=out, width=400, color_system=None))
+    console = Console(file=out, width=400, color_system=None)
+    print_tables(estimate_tables(instance, placement, estimate), console)
+    for warning in estimate_warnings(instance, estimate):  # printed under the summary, as `solve` does
+        console.print(f"WARNING: {warning}")
     report = SolverReport(method="test", status="optimal", objective_s=estimate.iteration_time_s,
                           bound_s=estimate.iteration_time_s, gap=0.0, wall_time_s=0.0, seed=0)
     result = PlanResult(placement=placement, estimate=estimate, solver=report)

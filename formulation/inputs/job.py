@@ -46,6 +46,7 @@ class TrainingJob:
     # the framework the plan is launched with (formulation/inputs/frameworks.py): None leaves the decisions
     # unrestricted (Megatron-LM's, whatever the stack); set, only those it runs are searched
     framework: str | None = None
+    framework_origin: str = ""  # how the framework was named: "--framework X" or "training.framework X"
     torch_compile: bool = True  # PyTorch stacks: torch.compile fuses the elementwise ops (eager runs them unfused)
     # the loss: a fused cross entropy (Megatron-LM's vocab-parallel one, flash-attn's in llm-foundry) keeps the
     # logits and one fp32 copy; torchtitan's PyTorch cross entropy on fp32 logits saves more (docs/physics.md)
@@ -140,7 +141,7 @@ def _stack_and_framework(sec: Section, flag: str | None) -> tuple[str, str | Non
     if flag is not None and named is not None and named != flag:
         raise sec.error("framework", f"{named} conflicts with --framework {flag}: drop one")
     framework = flag or named
-    origin = f"--framework {flag}" if flag else f"framework {named}"
+    origin = f"--framework {flag}" if flag else f"training.framework {named}"
     stack = sec.string("software_stack", default=framework or DEFAULT_STACK,
                        choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
     stack = STACK_ALIASES.get(stack, stack)
@@ -164,7 +165,7 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         seq_length=sec.integer("seq_length", maximum=16 * 1024 * 1024),
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
         software_stack=stack, software_stack_defaulted=not sec.has("software_stack") and framework is None,
-        framework=framework,
+        framework=framework, framework_origin=origin if framework else "",
         torch_compile=compile_on,
         compiled_loss=sec.boolean("compiled_loss", default=compile_on),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),

@@ -28,7 +28,7 @@ from formulation.placement import load_placement
 from solvers import solve
 from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint
-from formulation.inputs.frameworks import config_problem, describe
+from formulation.inputs.frameworks import config_problem
 from solvers.outputs.arguments import OneLineParser, add_framework_option, count, seconds, seed
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.plan_notes import input_warnings, launch_notes
@@ -151,7 +151,7 @@ def run(argv: list[str]) -> int:
             problem = config_problem(instance.training.framework, instance.training.seq_length, placement)
             if problem:  # the framework would run something else: its score would not be this placement's
                 return _fail(EXIT_BAD_INPUT, f"error: {args.evaluate}: {problem[0]}: {problem[1]} "
-                                             f"({_framework_origin(instance, args)})")
+                                             f"({instance.training.framework_origin})")
             result = _Evaluated(placement, evaluate(instance, placement))
         else:
             result = _solve_with_progress(instance, args, solve)
@@ -175,7 +175,6 @@ def run(argv: list[str]) -> int:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
     print_report(instance, result, console)
-    console.print(_framework_line(instance, args), highlight=False)
     if args.output:
         console.print(f"plan written to {args.output}")
     return _write_outputs(args, instance, result, console)
@@ -195,23 +194,6 @@ def _ingest(argv: list[str]) -> int:
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     return EXIT_OK
-
-
-def _framework_origin(instance, args) -> str:
-    where = "--framework" if args.framework else "the instance's training.framework"
-    return f"{where} {instance.training.framework}"
-
-
-def _framework_line(instance, args) -> str:
-    """Which framework and software stack the plan is for, and where each came from (flag, instance, default)."""
-    job = instance.training
-    if job.framework:
-        return (f"planned for {job.framework} ({_framework_origin(instance, args)}): software stack "
-                f"{job.software_stack}; {describe(job)}")
-    stack_origin = "default: training.software_stack not set" if job.software_stack_defaulted else \
-        "the instance's training.software_stack"
-    return (f"planned for no particular framework: software stack {job.software_stack} ({stack_origin}); "
-            f"--framework megatron|torchtitan plans for the framework you launch")
 
 
 class _Evaluated:

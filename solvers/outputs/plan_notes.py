@@ -88,12 +88,25 @@ def default_comparison(instance, result) -> str:
     return f"{text}, {default_v / plan_v:.3f}x better{share}"
 
 
+def framework_line(instance) -> str:
+    """Which framework and software stack the plan is for, and where each came from (flag, instance, default)."""
+    from formulation.inputs.frameworks import describe
+    job = instance.training
+    if job.framework:
+        return (f"planned for {job.framework} ({job.framework_origin}): software stack {job.software_stack}; "
+                f"{describe(job)}")
+    stack_origin = "default: training.software_stack not set" if job.software_stack_defaulted else \
+        "the instance's training.software_stack"
+    return (f"planned for no particular framework: software stack {job.software_stack} ({stack_origin}); "
+            f"--framework megatron|torchtitan plans for the framework you launch")
+
+
 def result_lines(instance, result) -> list[str]:
-    """Everything printed after a searched plan's summary: solver, default comparison, hints, runners-up. A
-    scored placement (`solve --evaluate`, no solver) has none."""
+    """Everything printed after a plan's summary: the framework it is for; for a searched plan the solver, the
+    default comparison, hints, runners-up (a scored placement, `solve --evaluate`, has no solver)."""
     if getattr(result, "solver", None) is None:
-        return []
-    lines = solver_lines(result)
+        return [framework_line(instance)]
+    lines = [framework_line(instance)] + solver_lines(result)
     comparison = default_comparison(instance, result)
     lines += [comparison] if comparison else []
     lines += [f"hint: {hint['note']}" for hint in getattr(result, "hints", [])]

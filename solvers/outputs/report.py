@@ -29,13 +29,6 @@ def comment_lines(notes: list[str], prefix: str = "") -> list[str]:
                                        break_on_hyphens=False)]
 
 
-def _mfu_note(instance, e: Estimate) -> str:
-    """A prediction above the highest MFU published for its GPU type and precision is more likely the model's
-    optimism than a record (formulation/mfu_ceiling.py)."""
-    warning = mfu_warning(instance.cluster, e)
-    return f" - WARNING: {warning}" if warning else ""
-
-
 def folding_table(title: str, columns, left=("GPU", "part")) -> Table:
     """Columns that fold rather than cut (a narrow terminal wraps a number, never hides it), right-aligned
     except the text columns named in `left`."""
@@ -103,9 +96,11 @@ def estimate_warnings(instance, e: Estimate) -> list[str]:
         where = "the PyTorch stacks" if e.stack_kind == "pytorch" else "this stack"
         out.append(f"held out by source, {100 * slow_tail:.0f} % of the published runs on {where} measured slower "
                    f"than their band's slow end (10 % nominal)")
-    mfu = _mfu_note(instance, e)
+    # a prediction above the highest MFU published for its GPU type and precision is more likely the model's
+    # optimism than a record (formulation/mfu_ceiling.py)
+    mfu = mfu_warning(instance.cluster, e)
     if mfu:
-        out.append(f"MFU {100 * e.mfu:.1f} %{mfu}")
+        out.append(f"{mfu}; treat as optimistic" if "optimistic" not in mfu else mfu)
     return out
 
 
