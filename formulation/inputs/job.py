@@ -18,6 +18,9 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 # PyTorch FSDP stack and is read as `torchtitan`; `composer` is read as `llm-foundry`.
 SOFTWARE_STACKS = ("megatron", "megatron-deepspeed", "torchtitan", "llm-foundry")
 STACK_ALIASES = {"fsdp": "torchtitan", "composer": "llm-foundry"}
+# Any other name (nanotron, maxtext, deepspeed, ...) is accepted and planned as `megatron`, its name kept in
+# `TrainingJob.unmodelled_stack`: the estimate's interval is that of a stack with no measured runs
+# (formulation/intervals.py) and the report says so.
 # Stacks that run PyTorch's own modules eagerly unless torch.compile is on (docs/physics.md eager_elementwise)
 PYTORCH_STACKS = ("torchtitan", "llm-foundry")
 # llm-foundry trains with FSDP only (Composer's FSDPConfig: FULL_SHARD and its relatives, per-block activation
@@ -42,6 +45,7 @@ class TrainingJob:
     precision: str = "bf16"
     software_stack: str = DEFAULT_STACK  # selects behaviours and calibrated efficiencies (docs/physics.md)
     software_stack_defaulted: bool = False  # the instance did not name its stack (reports warn)
+    unmodelled_stack: str = ""  # the stack the instance named when it is none of SOFTWARE_STACKS (planned as megatron)
     torch_compile: bool = True  # PyTorch stacks: torch.compile fuses the elementwise ops (eager runs them unfused)
     # the loss: a fused cross entropy (Megatron-LM's vocab-parallel one, flash-attn's in llm-foundry) keeps the
     # logits and one fp32 copy; torchtitan's PyTorch cross entropy on fp32 logits saves more (docs/physics.md)
@@ -129,8 +133,9 @@ def _sizes(sec: Section, key: str, default: tuple) -> tuple[int, ...]:
 
 def load_training_section(data: dict, file: str) -> TrainingJob:
     sec = Section(data, file, "training")
-    stack = sec.string("software_stack", default=DEFAULT_STACK, choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
-    stack = STACK_ALIASES.get(stack, stack)
+    named = sec.string("software_stack", default=DEFAULT_STACK)
+    named = STACK_ALIASES.get(named, named)
+    stack = named if named in SOFTWARE_STACKS else DEFAULT_STACK
     foundry = stack == "llm-foundry"
     compile_on = sec.boolean("torch_compile", default=not foundry)  # Composer compiles only when asked
     job = TrainingJob(
@@ -138,6 +143,7 @@ def load_training_section(data: dict, file: str) -> TrainingJob:
         seq_length=sec.integer("seq_length", maximum=16 * 1024 * 1024),
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
         software_stack=stack, software_stack_defaulted=not sec.has("software_stack"),
+        unmodelled_stack="" if named == stack else named,
         torch_compile=compile_on,
         compiled_loss=sec.boolean("compiled_loss", default=compile_on),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),

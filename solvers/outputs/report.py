@@ -14,7 +14,7 @@ from formulation.data import REFERENCE_DIR
 from formulation.evaluate import Estimate
 from formulation.inputs.gpus import gpu_catalog
 from formulation.inputs.job import PYTORCH_STACKS
-from formulation.intervals import interval_basis, intervals_overlap, slow_tail_share
+from formulation.intervals import interval_basis, interval_note, intervals_overlap, slow_tail_share
 from formulation.placement import Placement
 
 
@@ -79,6 +79,8 @@ def stack_note(job) -> str:
     modules = "" if tuple(job.recompute_modules) == ("core_attn",) else (
         f"; selective recompute modules: {' '.join(job.recompute_modules)}")
     note = f"{job.software_stack} ({job.precision}{compile_note}{modules})"
+    if job.unmodelled_stack:
+        note = f"{job.unmodelled_stack}: not a modelled stack, planned as {note}"
     if job.software_stack_defaulted:
         note += " - WARNING: training.software_stack not set, assumed megatron; set it to the stack you run"
     return note
@@ -107,7 +109,8 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head.add_row("software stack", stack_note(instance.training))
     head.add_row("micro-batches per iteration", str(e.num_micro_batches))
     interval = e.iteration_time_interval_s
-    basis = {"fp8": "FP8 runs", "16-bit": "16-bit runs"}.get(interval_basis(e.interval_group), "runs")
+    basis = {"fp8": "FP8 runs", "16-bit": "16-bit runs", "new-setup": "runs, held out by cluster",
+             "unprofiled-stack": "runs, held out by stack"}.get(interval_basis(e.interval_group), "runs")
     slow_tail = slow_tail_share(e.stack_kind)
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s" + (
         f" (p10-p90 {interval[0]:.3f}-{interval[1]:.3f} s, from the model's errors on other sources' published "
@@ -115,6 +118,8 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
         f"; held out by source, {100 * slow_tail:.0f} % of the published runs on "
         f"{'the PyTorch stacks' if e.stack_kind == 'pytorch' else 'this stack'} measured slower than "
         f"their band's slow end (10 % nominal)" if interval and slow_tail and slow_tail >= 0.2 else ""))
+    if interval:
+        head.add_row("interval basis", interval_note(e.interval_group, e.interval_gaps))
     head.add_row("throughput", f"{e.tokens_per_s:,.0f} tokens/s")
     head.add_row("model TFLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} (Megatron-LM FLOP count)")
     head.add_row("MFU", f"{100 * e.mfu:.1f} %" + _mfu_note(instance, e))
