@@ -193,8 +193,8 @@ def interval_note(group: str, gaps: tuple[str, ...]) -> str | None:
     calibrate = f"`solve calibrate --runs yours.csv` with 2 runs narrows this to about +-{after} %"
     if group == UNPROFILED and basis == group:
         spread = data["levels"][UNPROFILED].get("stack_spread")
-        return (f"{gaps[0]}: Megatron-Core efficiency assumed; measured stacks differ by up to "
-                f"{100 * spread:.0f} % (each predicted with nothing fitted on it); {calibrate}")
+        return (f"{gaps[0]}: Megatron-Core efficiency assumed; measured stacks predicted so, with nothing fitted on "
+                f"them, were off by up to {100 * spread:.0f} % (median per stack); {calibrate}")
     if group == NEW_SETUP and basis == group:
         return (f"{'; '.join(gaps)}: band of runs predicted with nothing fitted on their source nor on their "
                 f"stack's runs on their GPU; {calibrate}")

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -75,8 +76,8 @@ def test_an_unknown_stack_is_planned_as_megatron_with_the_unprofiled_band(name):
     spread = 100 * STORED["levels"][intervals.UNPROFILED]["stack_spread"]
     text = _report(instance, p, e)
     assert f"{name}: not a modelled stack, planned as megatron" in text
-    assert (f"no measured runs of {name}: Megatron-Core efficiency assumed; measured stacks differ by up to "
-            f"{spread:.0f} %") in text
+    assert (f"no measured runs of {name}: Megatron-Core efficiency assumed; measured stacks predicted so, with "
+            f"nothing fitted on them, were off by up to {spread:.0f} %") in text
     assert "`solve calibrate --runs yours.csv` with 2 runs narrows this" in text
     # the plan file carries the basis
     plan = e.to_dict()
@@ -207,3 +208,55 @@ def test_validate_json_carries_the_bands_coverage_and_regret(tmp_path):
     assert sum(c["runs"] for c in coverage["by_stack"].values()) == len(out["predictions"])
     assert sum(c["runs"] for c in coverage["by_source"].values()) == len(out["predictions"])
     assert {"groups", "median", "worst"} <= set(out["summary"]["regret"])
+
+
+def test_an_fp8_estimate_beyond_profiled_keeps_the_fp8_bands_slow_side():
+    """The symmetric bands of the levels beyond profiled never end inside the profiled band of the estimate's
+    precision: an unprofiled FP8 estimate reaches at least as far to the slow side as a profiled FP8 one."""
+    t = 1.0
+    profiled = intervals.prediction_interval(t, intervals.FP8)
+    unprofiled = intervals.prediction_interval(t, f"{intervals.UNPROFILED}+{intervals.FP8}")
+    assert unprofiled[0] <= profiled[0] and unprofiled[1] >= profiled[1]
+    assert intervals.interval_basis(f"{intervals.UNPROFILED}+{intervals.FP8}") == intervals.UNPROFILED
+
+
+@pytest.fixture(scope="module")
+def three_stacks():
+    """A100-80GB runs of the three measured stacks, a few per source (quick folds), held out three ways."""
+    runs = [r for r in crossval.scored(crossval.reference_runs())
+            if r.gpu_type == "a100-sxm-80gb" and r.measured_iter_s is not None]
+    picked = []
+    for family in sorted({crossval.source_family(r.source) for r in runs}):
+        picked += [r for r in runs if crossval.source_family(r.source) == family][:4]
+    return evidence.holdouts(picked)
+
+
+def test_held_out_by_stack_the_band_is_wider_than_held_out_by_source(three_stacks):
+    """From the hold-outs themselves (not stored constants): the stacks' runs predicted with nothing fitted on
+    their stack spread wider than with nothing fitted on their source, and the band a level stores is the
+    quantiles of its own hold-out."""
+    stacks = {crossval.run_stack(p.run) for p in three_stacks["stack"]}
+    assert stacks == {"megatron", "torchtitan", "llm-foundry"}
+    source = [crossval.log_residual(p) for p in three_stacks["source"]]
+    levels = evidence.level_quantiles(three_stacks)
+    unprofiled = levels[intervals.UNPROFILED]
+    lo, hi = crossval.p10_p90(source)
+    assert unprofiled["log_residual_p90"] - unprofiled["log_residual_p10"] > hi - lo
+    stack = sorted(abs(crossval.log_residual(p)) for p in three_stacks["stack"])
+    assert unprofiled["log_residual_p90"] == pytest.approx(statistics.quantiles(
+        stack, n=10, method="inclusive")[7], abs=1e-6)
+    coverage = evidence.level_coverage(three_stacks)
+    for level in coverage.values():
+        assert sum(c["runs"] for c in level["by_stack"].values()) == len(source) == level["all"]["runs"]
+
+
+@pytest.mark.slow
+def test_the_stored_levels_are_the_reference_hold_outs_and_cover_sanely():
+    """The whole reference held out three ways (a few minutes): the stored levels are what the hold-outs give,
+    and pooled over every run each level's band, derived without the run's source (or stack), covers 70-95%."""
+    by_holdout = evidence.holdouts(crossval.reference_runs())
+    levels = evidence.level_quantiles(by_holdout)
+    for name, level in levels.items():
+        assert level["log_residual_p90"] == pytest.approx(STORED["levels"][name]["log_residual_p90"], abs=1e-6)
+    for name, level in evidence.level_coverage(by_holdout).items():
+        assert 0.7 <= level["all"]["inside"] <= 0.95, (name, level["all"])

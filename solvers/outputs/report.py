@@ -109,12 +109,12 @@ def estimate_tables(instance, p: Placement, e: Estimate) -> list[Table]:
     head.add_row("software stack", stack_note(instance.training))
     head.add_row("micro-batches per iteration", str(e.num_micro_batches))
     interval = e.iteration_time_interval_s
-    basis = {"fp8": "FP8 runs", "16-bit": "16-bit runs", "new-setup": "runs, held out by cluster",
-             "unprofiled-stack": "runs, held out by stack"}.get(interval_basis(e.interval_group), "runs")
+    basis = {"fp8": "other sources' published FP8 runs", "16-bit": "other sources' published 16-bit runs",
+             "new-setup": "published runs of other clusters", "unprofiled-stack": "published runs of other stacks"}.get(
+        interval_basis(e.interval_group), "other sources' published runs")
     slow_tail = slow_tail_share(e.stack_kind)
     head.add_row("iteration time", f"{e.iteration_time_s:.3f} s" + (
-        f" (p10-p90 {interval[0]:.3f}-{interval[1]:.3f} s, from the model's errors on other sources' published "
-        f"{basis})" if interval else "") + (
+        f" (p10-p90 {interval[0]:.3f}-{interval[1]:.3f} s, from the model's errors on {basis})" if interval else "") + (
         f"; held out by source, {100 * slow_tail:.0f} % of the published runs on "
         f"{'the PyTorch stacks' if e.stack_kind == 'pytorch' else 'this stack'} measured slower than "
         f"their band's slow end (10 % nominal)" if interval and slow_tail and slow_tail >= 0.2 else ""))

@@ -108,8 +108,8 @@ def print_coverage(summary: dict, console: Console) -> None:
     console.print(table)
     spread = summary.get("stack_holdout_median_error")
     if spread:
-        console.print("held out by stack (nothing fitted on it, its chip's Megatron efficiency assumed), median "
-                      "error per stack: " + ", ".join(f"{s} {_pct(e, True)}" for s, e in spread.items()))
+        console.print("held out by stack (nothing fitted on it: its chip's Megatron efficiency, for megatron the "
+                      "other stacks'), median error per stack: " + ", ".join(f"{s} {_pct(e, True)}" for s, e in spread.items()))
 
 
 def print_regret(summary: dict, console: Console) -> None:
