@@ -260,3 +260,10 @@ def test_the_stored_levels_are_the_reference_hold_outs_and_cover_sanely():
         assert level["log_residual_p90"] == pytest.approx(STORED["levels"][name]["log_residual_p90"], abs=1e-6)
     for name, level in evidence.level_coverage(by_holdout).items():
         assert 0.7 <= level["all"]["inside"] <= 0.95, (name, level["all"])
+
+
+def test_the_intervals_are_written_from_the_reference_held_out_only(tmp_path):
+    fields, rows = _reference_rows(REFERENCE_DIR / "published_runs.csv", 3)
+    result = run_solve("validate", "--runs", str(_write(tmp_path / "mine.csv", fields, rows)), "--write-intervals")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--write-intervals" in result.stderr and "held out" in result.stderr

@@ -6,7 +6,9 @@
     solve calibrate [--write]                             (the packaged per-chip efficiencies)
 
 By default `validate` is leave-one-source-out: each source (paper, repository or document) is predicted with
-parameters fitted on the other sources only. Minimal columns of a runs CSV: docs/validation.md.
+parameters fitted on the other sources only; the reference is also held out by cluster and by stack, which gives
+each level of evidence its band, their coverage per stack and per source, and the regret of the model's first
+choice inside each sweep group (docs/uncertainty.md). Minimal columns of a runs CSV: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -229,8 +231,9 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--calibration", type=Path, help="a user calibration (solve calibrate --output) to apply")
         parser.add_argument("--ablation", action="store_true", help="also leave-one-source-out with each physics "
                             "term flipped in turn (one full cross-validation per term: several minutes)")
-        parser.add_argument("--write-intervals", action="store_true", help="store the cross-source residual "
-                            "quantiles as the prediction interval every estimate carries (package data)")
+        parser.add_argument("--write-intervals", action="store_true", help="store the bands of every level of "
+                            "evidence (held out by source, cluster and stack) and what each stack was measured on, "
+                            "as the prediction interval every estimate carries (package data; reference runs only)")
         parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
         parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot (with --rows)")
     else:
@@ -284,6 +287,9 @@ def _validate(args) -> int:
         adjust = lambda instance: apply_user_calibration(instance, cal)  # noqa: E731
     # Your own runs file was never part of any fit: the stored calibration predicts it out of sample.
     in_sample = args.in_sample or args.runs is not None
+    if in_sample and args.write_intervals:
+        raise InputError(None, "--write-intervals", "the intervals are derived from the reference runs held out "
+                                                    "(no --runs, no --in-sample)")
     mode = ("stored calibration, fitted on the reference runs" if args.runs is not None else
             "stored calibration (in-sample)" if args.in_sample else "leave-one-source-out")
     progress = None if args.json else (lambda k, n, fold: print(f"  fold {k}/{n}: {fold}", file=sys.stderr))
@@ -300,9 +306,6 @@ def _validate(args) -> int:
         summary["stack_holdout_median_error"] = evidence.stack_spread(by_holdout["stack"])
     few = fewshot.few_shot_table(predictions) if args.few_shot else []
     if args.write_intervals:
-        if by_holdout is None:
-            raise InputError(None, "--write-intervals", "the intervals are derived from the reference runs held out "
-                                                        "(no --runs, no --in-sample)")
         path = write_intervals(by_holdout, summary, mode, runs)
         print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
