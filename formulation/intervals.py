@@ -48,7 +48,9 @@ FABRIC_FACTOR = 2.0
 NVLINK_MIN_GB_PER_S = 100.0  # below: GPUs that talk over PCIe inside a node
 SMALL_MODEL_PARAMS = 10e9
 # Regimes where the model's terms are stretched: a stack without a measured run in one is NEW_SETUP there
-REGIMES = ("FP8 GEMMs", "pp >= 16", "cp >= 8", "dp >= 64 with a model under 10B parameters")
+# (expert parallelism: the MoE reference runs are predicted, never part of the bands' hold-outs)
+REGIMES = ("FP8 GEMMs", "pp >= 16", "cp >= 8", "dp >= 64 with a model under 10B parameters",
+           "expert parallelism (ep > 1)")
 CHIP_MATCH = 0.02  # a GPU is a measured chip when its bf16 peak is within 2% of one
 
 
@@ -78,7 +80,8 @@ def stack_name(job) -> str:
 
 def regimes(job, model, gpu_type, p) -> tuple[str, ...]:
     """The REGIMES a placement is in."""
-    flags = (fp8_gemms(job, gpu_type), p.pp >= 16, p.cp >= 8, p.dp >= 64 and model.total_params < SMALL_MODEL_PARAMS)
+    flags = (fp8_gemms(job, gpu_type), p.pp >= 16, p.cp >= 8, p.dp >= 64 and model.total_params < SMALL_MODEL_PARAMS,
+             p.ep > 1)
     return tuple(name for name, on in zip(REGIMES, flags) if on)
 
 
