@@ -11,8 +11,8 @@ import numpy as np
 
 from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
-from formulation.intervals import (POOLED, interval_basis, interval_group, prediction_interval, slow_tail_share,
-                                   stack_kind)
+from formulation.intervals import (POOLED, evidence, interval_basis, interval_note, prediction_interval,
+                                   slow_tail_share, stack_kind)
 from formulation.placement import Placement, check_placement, placement_from_document
 from formulation.physics.stage import dp_sync as stage_dp_sync
 from formulation.physics.stage import (BlockConstants, iteration_time, layer_time, mixed_constants, mixed_passes,
@@ -56,6 +56,7 @@ class Estimate:
     p2p_boundary_s: tuple[float, ...] = ()  # one send between stage j and j + 1 (slowest pair), j = 0..pp-2
     interval_group: str = POOLED  # whose cross-source residuals give the interval (formulation/intervals.py)
     stack_kind: str = "megatron"  # whose share of runs beyond the interval's slow end applies (the same module)
+    interval_gaps: tuple[str, ...] = ()  # what the visible reference has no measured runs of (the same module)
 
     @property
     def memory_shortfall_gib(self) -> float:
@@ -80,6 +81,9 @@ class Estimate:
                 "peak_memory_gib": self.peak_memory_gib, "fits": self.fits, "stages": stages,
                 "iteration_time_interval_s": self.iteration_time_interval_s,
                 "iteration_time_interval_basis": interval_basis(self.interval_group),
+                # what the interval rests on and what would narrow it (formulation/intervals.py, evidence)
+                "iteration_time_interval_evidence": {"missing": list(self.interval_gaps),
+                                                     "note": interval_note(self.interval_group, self.interval_gaps)},
                 # held out by source, the share of published runs of this kind of stack measured slower than the
                 # interval's slow end (10% nominal; about a third on the PyTorch stacks, docs/validation.md)
                 "iteration_time_slow_tail_share": slow_tail_share(self.stack_kind)}
@@ -345,10 +349,11 @@ def evaluate(instance, placement: Placement | dict, check: bool = True) -> Estim
     peaks = np.array([cluster.gpu_types[cluster.nodes[n].gpu_type].peak_tflops for n in cluster.gpu_node[used]])
     model_flops = moe_cost.model_flops(model, job.global_batch_size, job.seq_length)
     tflops_per_gpu = model_flops / total / p.world_size / 1e12
+    group, gaps = evidence(job, model, cluster, cluster.gpu_types[crit.gpu_type], p)
     return Estimate(
         iteration_time_s=total, tokens_per_s=job.global_batch_size * job.seq_length / total,
         model_tflops_per_gpu=tflops_per_gpu, mfu=tflops_per_gpu / float(peaks.mean()), breakdown=breakdown,
         stages=tuple(stages), peak_memory_gib=max(s.memory.total_gib for s in stages),
         fits=all(s.memory.fits for s in stages), num_micro_batches=m, critical_stage=k,
         p2p_boundary_s=tuple(boundaries),
-        interval_group=interval_group(job, cluster.gpu_types[crit.gpu_type]), stack_kind=stack_kind(job))
+        interval_group=group, interval_gaps=gaps, stack_kind=stack_kind(job))

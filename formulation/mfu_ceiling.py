@@ -154,17 +154,20 @@ def mfu_check(cluster, estimate) -> MfuCheck | None:
     """The estimate against the ceiling of its GPU types (the highest among the types its stages run on), its
     precision class (FP8 where its GEMMs run in FP8) and model kind; None where the table has no entry."""
     kind = "moe" if "ep_comm_s" in estimate.breakdown else "dense"  # evaluate() prices expert traffic for MoE only
+    # the interval group is a precision group, or `level+precision` where the stack, GPU or regime has no
+    # measured runs (formulation/intervals.py): the ceiling is per precision
+    precision = estimate.interval_group.rpartition("+")[2]
     table = ceilings()
     found = []
     for used in sorted({stage.gpu_type for stage in estimate.stages}):
         name = catalog_type(used, cluster.gpu_types[used])
-        best = table.best(name, estimate.interval_group, kind) if name else None
+        best = table.best(name, precision, kind) if name else None
         if best is not None:
             found.append((best.mfu, name, best))
     if not found:
         return None
     _, name, best = max(found, key=lambda t: t[0])
-    return MfuCheck(estimate.mfu, best, table.tolerance, name, estimate.interval_group, kind)
+    return MfuCheck(estimate.mfu, best, table.tolerance, name, precision, kind)
 
 
 def mfu_warning(cluster, estimate) -> str:

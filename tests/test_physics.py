@@ -193,7 +193,11 @@ def test_stack_and_precision_fields():
     data["training"]["software_stack"] = "fsdp"
     job = build_instance(data).training
     assert job.software_stack == "torchtitan" and not job.software_stack_defaulted and job.torch_compile
+    # a stack the model does not know is planned as megatron, its name kept (docs/uncertainty.md)
     data["training"]["software_stack"] = "deepspeed-ultra"
+    job = build_instance(data).training
+    assert job.software_stack == "megatron" and job.unmodelled_stack == "deepspeed-ultra"
+    data["training"]["software_stack"] = ""
     with pytest.raises(ValueError, match="software_stack"):
         build_instance(data)
 

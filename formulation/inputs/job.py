@@ -19,6 +19,9 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 # PyTorch FSDP stack and is read as `torchtitan`; `composer` is read as `llm-foundry`.
 SOFTWARE_STACKS = ("megatron", "megatron-deepspeed", "torchtitan", "llm-foundry")
 STACK_ALIASES = {"fsdp": "torchtitan", "composer": "llm-foundry"}
+# Any other name (nanotron, maxtext, deepspeed, ...) is accepted and planned as `megatron`, its name kept in
+# `TrainingJob.unmodelled_stack`: the estimate's interval is that of a stack with no measured runs
+# (formulation/intervals.py) and the report says so.
 # Stacks that run PyTorch's own modules eagerly unless torch.compile is on (docs/physics.md eager_elementwise)
 PYTORCH_STACKS = ("torchtitan", "llm-foundry")
 # llm-foundry trains with FSDP only (Composer's FSDPConfig: FULL_SHARD and its relatives, per-block activation
@@ -47,6 +50,7 @@ class TrainingJob:
     # unrestricted (Megatron-LM's, whatever the stack); set, only those it runs are searched
     framework: str | None = None
     framework_origin: str = ""  # how the framework was named: "--framework X" or "training.framework X"
+    unmodelled_stack: str = ""  # the stack the instance named when it is none of SOFTWARE_STACKS (planned as megatron)
     torch_compile: bool = True  # PyTorch stacks: torch.compile fuses the elementwise ops (eager runs them unfused)
     # the loss: a fused cross entropy (Megatron-LM's vocab-parallel one, flash-attn's in llm-foundry) keeps the
     # logits and one fp32 copy; torchtitan's PyTorch cross entropy on fp32 logits saves more (docs/physics.md)
@@ -133,8 +137,9 @@ def _sizes(sec: Section, key: str, default: tuple) -> tuple[int, ...]:
 
 
 def _stack_and_framework(sec: Section, flag: str | None) -> tuple[str, str | None, str]:
-    """(software stack, framework, how to name the framework in errors): the framework from `flag` (solve
-    --framework) or training.framework; it runs its own stack, so a section naming another is an error."""
+    """(software stack as named (an unmodelled name is planned as megatron), framework, how to name the framework
+    in errors): the framework from `flag` (solve --framework) or training.framework; it runs its own stack, so a
+    section naming another is an error."""
     named = sec.string("framework", default=None, choices=FRAMEWORKS)
     if flag is not None and flag not in FRAMEWORKS:
         raise sec.error("framework", f"expected one of {', '.join(FRAMEWORKS)}; got --framework {flag!r}")
@@ -142,19 +147,19 @@ def _stack_and_framework(sec: Section, flag: str | None) -> tuple[str, str | Non
         raise sec.error("framework", f"{named} conflicts with --framework {flag}: drop one")
     framework = flag or named
     origin = f"--framework {flag}" if flag else f"training.framework {named}"
-    stack = sec.string("software_stack", default=framework or DEFAULT_STACK,
-                       choices=SOFTWARE_STACKS + tuple(STACK_ALIASES))
-    stack = STACK_ALIASES.get(stack, stack)
-    if framework is not None and stack != framework:
+    named_stack = sec.string("software_stack", default=framework or DEFAULT_STACK)
+    named_stack = STACK_ALIASES.get(named_stack, named_stack)
+    if framework is not None and named_stack != framework:
         raise sec.error("software_stack", f"{sec.raw('software_stack')} conflicts with {origin} (a {framework} plan "
                                           f"runs the {framework} stack): drop one")
-    return stack, framework, origin
+    return named_stack, framework, origin
 
 
 def load_training_section(data: dict, file: str, framework: str | None = None) -> TrainingJob:
     """The training section; `framework` (solve --framework) as if the section named it, conflicts are errors."""
     sec = Section(data, file, "training")
-    stack, framework, origin = _stack_and_framework(sec, framework)
+    named, framework, origin = _stack_and_framework(sec, framework)
+    stack = named if named in SOFTWARE_STACKS else DEFAULT_STACK  # any other name: megatron, the wider interval
     foundry = stack == "llm-foundry"
     zero_stages = _choices(sec, "zero_stage", ZERO_STAGES, (0, 1), int)
     if framework is not None:  # each listed stage read as the one the framework runs in its place
@@ -166,6 +171,7 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         precision=sec.string("precision", default="bf16", choices=PRECISIONS),
         software_stack=stack, software_stack_defaulted=not sec.has("software_stack") and framework is None,
         framework=framework, framework_origin=origin if framework else "",
+        unmodelled_stack="" if named == stack else named,
         torch_compile=compile_on,
         compiled_loss=sec.boolean("compiled_loss", default=compile_on),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),

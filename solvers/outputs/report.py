@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import functools
 import math
 import os
 import sys
@@ -16,7 +14,7 @@ from rich.table import Table
 
 from formulation.evaluate import Estimate
 from formulation.inputs.job import PYTORCH_STACKS
-from formulation.intervals import interval_basis, slow_tail_share
+from formulation.intervals import interval_basis, interval_note as interval_basis_note, slow_tail_share
 from formulation.mfu_ceiling import mfu_warning
 from formulation.placement import Placement
 from solvers.outputs.plan_notes import calibration_text, result_lines, tie_note  # noqa: F401 (tie_note: re-export)
@@ -68,7 +66,8 @@ def stack_note(job) -> str:
     modules = "" if tuple(job.recompute_modules) == ("core_attn",) else (
         f"; selective recompute modules: {' '.join(job.recompute_modules)}")
     assumed = ", assumed: not set" if job.software_stack_defaulted else ""
-    return f"{job.software_stack} ({job.precision}{compile_note}{modules}{assumed})"
+    note = f"{job.software_stack} ({job.precision}{compile_note}{modules}{assumed})"
+    return f"{job.unmodelled_stack}: not a modelled stack, planned as {note}" if job.unmodelled_stack else note
 
 
 def interval_note(instance, e: Estimate) -> str:
@@ -77,12 +76,14 @@ def interval_note(instance, e: Estimate) -> str:
     interval = e.iteration_time_interval_s
     if not interval:
         return ""
-    basis = {"fp8": "FP8 runs", "16-bit": "16-bit runs"}.get(interval_basis(e.interval_group), "runs")
+    basis = {"fp8": "other sources' published FP8 runs", "16-bit": "other sources' published 16-bit runs",
+             "new-setup": "published runs of other clusters", "unprofiled-stack": "published runs of other stacks"}.get(
+        interval_basis(e.interval_group), "other sources' published runs")
     band = f"p10-p90 {interval[0]:.3f}-{interval[1]:.3f} s"
     if instance.calibration is None:
-        return f" ({band}, from the model's errors on other sources' published {basis})"
+        return f" ({band}, from the model's errors on {basis})"
     return (f" (with your calibration applied: {calibration_text(instance.calibration)}; {band}: the spread of the "
-            f"stored model's errors on other sources' published {basis}, around this calibrated estimate)")
+            f"stored model's errors on {basis}, around this calibrated estimate)")
 
 
 def estimate_warnings(instance, e: Estimate) -> list[str]:
@@ -111,6 +112,8 @@ def summary_table(instance, p: Placement, e: Estimate) -> TableData:
             ("configuration", p.summary()), ("software stack", stack_note(instance.training)),
             ("micro-batches per iteration", str(e.num_micro_batches)),
             ("iteration time", f"{e.iteration_time_s:.3f} s" + interval_note(instance, e)),
+            *([("interval basis", interval_basis_note(e.interval_group, e.interval_gaps) or "")]
+              if e.iteration_time_interval_s else []),
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
             ("model TFLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} (Megatron-LM FLOP count)"),
             ("MFU", f"{100 * e.mfu:.1f} %"),

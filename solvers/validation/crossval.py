@@ -8,6 +8,10 @@ the per-iteration overhead every run shares (C14), by least squares of the log e
 Nothing a fold uses has seen the held-out source. A chip and stack with no rows outside the held-out source
 falls back to the chip's Megatron fit of the fold, else the catalog's uncalibrated default efficiency (with the
 fold's overhead): what a new user gets.
+
+The same folds held out by cluster (a source's runs on one chip, with its stack's other runs on that chip) and
+by stack (every run of one software stack) measure what a new GPU or an unprofiled stack costs in accuracy
+(HOLDOUTS; the bands built from them: solvers/validation/evidence.py, formulation/intervals.py).
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class Prediction:
     peak_memory_gib: float
     capacity_gib: float
     limit_gib: float
+    interval_s: tuple | None = None  # the p10-p90 the estimate carries (formulation/intervals.py)
 
     @property
     def timed(self) -> bool:
@@ -96,38 +101,79 @@ class Prediction:
         return self.iteration_time_s / self.run.measured_iter_s - 1
 
 
-def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adjust=None) -> list[Prediction]:
-    """Predict every scored run with parameters fitted on the other sources (`in_sample`: the stored
+# How a fold is held out (`cross_validate(by=...)`): `source`, every run of one source family; `cluster`, one source's
+# runs on one GPU type, with nothing fitted on that source nor on that stack's runs on that chip (a stack the model
+# knows on GPUs, or at a scale, it has not seen); `stack`, every run of one software stack, nothing fitted on it
+# (a stack the model has no measured runs of: formulation/intervals.py).
+HOLDOUTS = ("source", "cluster", "stack")
+
+
+def run_stack(run: Run) -> str:
+    """The stack a run names (an unmodelled name included: it is planned as megatron)."""
+    job = run.instance.training
+    return job.unmodelled_stack or job.software_stack
+
+
+def fold_of(by: str, run: Run) -> tuple:
+    family = source_family(run.source)
+    if by == "stack":
+        return (run_stack(run),)
+    if by == "cluster":
+        return family, run_stack(run), chip_of(run.gpu_type) or run.gpu_type
+    return (family,)
+
+
+def outside_fold(by: str, fold: tuple, run: Run) -> bool:
+    """Whether `run` may take part in the fit of the fold that holds out `fold`."""
+    mine = fold_of(by, run)
+    if by == "cluster":
+        return mine[0] != fold[0] and mine[1:] != fold[1:]
+    return mine != fold
+
+
+def fold_efficiency(fit, run: Run, default: float, by: str = "source") -> float:
+    """The efficiency a fold gives a run, as the planner would without its rows: its chip and stack's fit, else
+    the chip's Megatron fit (a stack without a fit of its own), else the catalog's uncalibrated default (a chip
+    without a fit). Held out by stack, the Megatron stack itself takes the geometric mean of the chip's other
+    stacks' fits instead of the default: what another stack's efficiency says of it."""
+    key = calibration_key(run)
+    chip = key.partition("+")[0]
+    if key in fit.efficiency or chip in fit.efficiency:
+        return fit.efficiency.get(key, fit.efficiency.get(chip))
+    others = [e for k, e in fit.efficiency.items() if k.partition("+")[0] == chip] if by == "stack" else []
+    return math.exp(statistics.fmean(math.log(e) for e in others)) if others else default
+
+
+def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adjust=None, by: str = "source",
+                   tables: TimeTables | None = None) -> list[Prediction]:
+    """Predict every scored run with parameters fitted outside its fold (`by`: HOLDOUTS; `in_sample`: the stored
     calibration, fitted on all of them), and the memory of every run that measured out-of-memory.
-    `adjust(instance)` is applied last (a user's calibration knobs)."""
+    `adjust(instance)` is applied last (a user's calibration knobs); `tables` may be shared between calls."""
     ooms = measured_oom(runs)
     runs = scored(runs)
     fitted = [r for r in runs if r.fitted and chip_of(r.gpu_type)]
-    tables = None if in_sample else TimeTables(fitted, with_parameters)
+    tables = None if in_sample else tables or TimeTables(fitted, with_parameters)
     default_efficiency = gpu_catalog()["__default__"]["matmul_efficiency"]
-    families = sorted({source_family(r.source) for r in runs} | {source_family(r.source) for r in ooms})
+    folds = sorted({fold_of(by, r) for r in runs + ooms}, key=str)
     out = []
-    for k, family in enumerate(families):
-        held = [r for r in runs + ooms if source_family(r.source) == family]
-        fit = None if in_sample else joint_fit([r for r in fitted if source_family(r.source) != family],
-                                               calibration_key, tables)
+    for k, fold in enumerate(folds):
+        held = [r for r in runs + ooms if fold_of(by, r) == fold]
+        fit = None if in_sample else joint_fit([r for r in fitted if outside_fold(by, fold, r)], calibration_key,
+                                               tables)
         for run in held:
             # the fold's overhead for every run, those of a chip without a fit (B200) included
             params = None if fit is None else {"iteration_overhead_s": fit.overhead_s}
             if params is not None and chip_of(run.gpu_type):
-                key = calibration_key(run)
-                # no rows of this chip elsewhere: the catalog's uncalibrated default efficiency, never the stored
-                # fit (which saw this source)
-                params["matmul_efficiency"] = fit.efficiency.get(key, fit.efficiency.get(key.partition("+")[0],
-                                                                                         default_efficiency))
+                # no rows of this chip and stack outside the fold: never the stored fit (which saw this fold)
+                params["matmul_efficiency"] = fold_efficiency(fit, run, default_efficiency, by)
             instance = with_parameters(run, params) if params else run.instance
             instance = adjust(instance) if adjust else instance
             est = evaluate(instance, run.placement, check=False)
-            out.append(Prediction(run, instance, family, est.iteration_time_s, est.peak_memory_gib,
-                                  min(s.memory.capacity_gib for s in est.stages),
-                                  min(s.memory.limit_gib for s in est.stages)))
+            out.append(Prediction(run, instance, source_family(run.source), est.iteration_time_s,
+                                  est.peak_memory_gib, min(s.memory.capacity_gib for s in est.stages),
+                                  min(s.memory.limit_gib for s in est.stages), est.iteration_time_interval_s))
         if progress:
-            progress(k + 1, len(families), family)
+            progress(k + 1, len(folds), " ".join(fold))
     return out
 
 
@@ -185,8 +231,10 @@ def summarize(predictions: list[Prediction]) -> dict:
             "ran_predicted_oom": sorted(p.run.row for p in predictions if p.peak_memory_gib > p.capacity_gib)}
 
 
-def prediction_rows(predictions: list[Prediction]) -> list[dict]:
-    """Per scored run: configuration, measured and predicted time, error, memory, unmodelled features."""
+def prediction_rows(predictions: list[Prediction], bands: dict | None = None) -> list[dict]:
+    """Per scored run: configuration, measured and predicted time, error, memory, unmodelled features, and the
+    p10-p90 of its measured time where `bands` (row -> (p10, p90) in seconds) has one."""
+    bands = bands or {}
     out = []
     for p in predictions:
         if not p.timed:
@@ -197,12 +245,17 @@ def prediction_rows(predictions: list[Prediction]) -> list[dict]:
                     "precision": p.run.instance.training.precision, "measured_s": p.run.measured_iter_s,
                     "measured_how": p.run.measured_how, "predicted_s": p.iteration_time_s, "error": p.error,
                     "peak_memory_gib": p.peak_memory_gib, "capacity_gib": p.capacity_gib,
-                    "flags": list(p.run.flags)})
+                    "flags": list(p.run.flags), "predicted_p10_s": bands.get(p.run.row, (None, None))[0],
+                    "predicted_p90_s": bands.get(p.run.row, (None, None))[1]})
     return out
 
 
+def log_residual(p: Prediction) -> float:
+    return math.log(p.iteration_time_s / p.run.measured_iter_s)
+
+
 def log_residuals(predictions: list[Prediction]) -> list[float]:
-    return [math.log(p.iteration_time_s / p.run.measured_iter_s) for p in predictions if p.timed]
+    return [log_residual(p) for p in predictions if p.timed]
 
 
 def residual_group(p: Prediction) -> str:
@@ -216,6 +269,24 @@ def p10_p90(residuals: list[float]) -> tuple[float, float]:
     return q[0], q[-1]
 
 
+def other_units_bands(timed: list[tuple], band_of, min_group: float | None = None) -> dict:
+    """`timed`: (unit, group, log residual, key) per run. Per key: band_of(the other units' residuals of its group),
+    all of the other units' residuals where the group has fewer than `min_group` (MIN_GROUP_RUNS); no band for
+    a run whose unit is the only one."""
+    min_group = MIN_GROUP_RUNS if min_group is None else min_group
+    out = {}
+    for unit in sorted({u for u, *_ in timed}, key=str):
+        others = [(g, r) for u, g, r, _ in timed if u != unit]
+        for u, group, _, key in timed:
+            if u != unit:
+                continue
+            same = [r for g, r in others if g == group]
+            pool = same if len(same) >= min_group else [r for _, r in others]
+            if len(pool) >= 2:
+                out[key] = band_of(pool)
+    return out
+
+
 def interval_coverage(predictions: list[Prediction]) -> dict:
     """How the stored kind of interval fares on sources it was not derived from: for each source, the p10-p90 of
     the other sources' log residuals of the run's group (pooled where the group has fewer than MIN_GROUP_RUNS);
@@ -223,24 +294,19 @@ def interval_coverage(predictions: list[Prediction]) -> dict:
     80%, 10% if the band is right. `pooled` is the same with one band for all runs, for comparison; `by_stack`
     scores the per-precision bands again, counted by stack kind (formulation/intervals.py: the bands are shared
     by the stacks, their tails are not)."""
-    timed = [(p.family, residual_group(p), stack_kind(p.instance.training),
-              math.log(p.iteration_time_s / p.run.measured_iter_s)) for p in predictions if p.timed]
+    timed = [(p.family, residual_group(p), log_residual(p), k) for k, p in enumerate(predictions) if p.timed]
+    kinds = {k: stack_kind(p.instance.training) for k, p in enumerate(predictions) if p.timed}
     counts: dict[str, dict[str, list[int]]] = {"by_precision": {}, POOLED: {}, "by_stack": {}}
     for mode in ("by_precision", POOLED):
-        for family in sorted({f for f, *_ in timed}):
-            others = [(g, r) for f, g, _, r in timed if f != family]
-            for f, group, kind, r in timed:
-                if f != family:
-                    continue
-                same = [x for g, x in others if g == group]
-                band = same if mode != POOLED and len(same) >= MIN_GROUP_RUNS else [x for _, x in others]
-                if len(band) < 2:  # no band without the source (a one-source file)
-                    continue
-                lo, hi = p10_p90(band)
-                side = 0 if r > hi else 2 if r < lo else 1  # r > p90: predicted too slow, measured faster
-                counts[mode].setdefault(group, [0, 0, 0])[side] += 1
-                if mode == "by_precision":
-                    counts["by_stack"].setdefault(kind, [0, 0, 0])[side] += 1
+        bands = other_units_bands(timed, p10_p90, None if mode == "by_precision" else math.inf)
+        for _, group, r, k in timed:
+            if k not in bands:  # no band without the source (a one-source file)
+                continue
+            lo, hi = bands[k]
+            side = 0 if r > hi else 2 if r < lo else 1  # r > p90: predicted too slow, measured faster
+            counts[mode].setdefault(group, [0, 0, 0])[side] += 1
+            if mode == "by_precision":
+                counts["by_stack"].setdefault(kinds[k], [0, 0, 0])[side] += 1
     return {mode: {g: {"runs": sum(c), "faster_than_p10": c[0] / sum(c), "inside": c[1] / sum(c),
                        "slower_than_p90": c[2] / sum(c)} for g, c in sorted(by.items())}
             for mode, by in counts.items()}

@@ -130,6 +130,7 @@ def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int 
         out.append({"source": name, "predicted_runs": len(rest), "calibrated_on": [p.run.row for p in chosen],
                     "median_abs_error_before": statistics.median(abs(p.error) for p in rest),
                     "median_abs_error_after": statistics.median(abs(e) for e in errors),
+                    "log_errors_after": [math.log1p(e) for e in errors],
                     "spearman_after": spearman(after, [p.run.measured_iter_s for p in rest]) if len(rest) >= 4
                     else None, "knobs": cal.to_dict()})
     return out

@@ -2,7 +2,10 @@
 placements.
 
 MoE models cannot be described by the dense columns of a runs CSV, so a row names a model preset
-(`model_preset`, formulation/data/models/) and carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall`,
+(`model_preset`, formulation/data/models/) or gives the model itself in a `model_config` column: the instance's
+`model` fields as a JSON object (a Hugging Face config's fields, e.g. `{"num_hidden_layers": 24, ...,
+"num_experts": 64}`), or the path of a Hugging Face config.json (relative to the CSV); the row then needs no
+preset. A row carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall`,
 `allgather` or `deepep`: the modelled ones; HybridEP rows say so in `flagged` and are scored as `alltoall`),
 `load_imbalance` (blank: the job default, docs/moe.md; 1.0 where the run forced balanced routing) and
 `layers_per_stage` (comma-separated; Megatron-Core's embedding- and loss-accounting splits give the first and last
@@ -15,13 +18,16 @@ FLOP count (docs/moe.md (E8)), full or with causal attention as `flop_count` say
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 from formulation.inputs.instance import instance_from_dict
 from formulation.physics.moe_cost import model_flops
 from formulation.placement import Placement
 
 MOE_COLUMNS = ("model_preset", "ep", "etp", "dispatcher", "layers_per_stage")
+MODEL_COLUMNS = ("model_preset", "model_config")  # either names a row's model; a file with one is in this format
 # MoE rows are numbered from 2000 (torchtitan's from 1000), so that no row number of the dense reference files
 # (e.g. runs.EXCLUDED's SC21 rows 10-15) names one of them.
 MOE_ROW_OFFSET = 2000
@@ -53,11 +59,47 @@ def _training(r: dict) -> dict:
     return training
 
 
+def model_section(r: dict) -> dict:
+    """The instance's `model` section of a row: `model_config` (a JSON object of model fields, or the path of a
+    Hugging Face config.json) where given, else the preset `model_preset` names."""
+    config = (r.get("model_config") or "").strip()
+    if not config:
+        preset = (r.get("model_preset") or "").strip()
+        if not preset:
+            raise ValueError("column model_preset: expected a preset name, or the model in a model_config column")
+        return {"preset": preset}
+    if not config.startswith("{"):
+        return {"hf_config": config}
+    try:
+        fields = json.loads(config)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"column model_config: not a JSON object ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(fields, dict):
+        raise ValueError("column model_config: expected a JSON object of model fields or a config.json path")
+    return fields
+
+
+def model_name(r: dict) -> str:
+    """What a row's run is called: its preset, else its config's name or path."""
+    config = (r.get("model_config") or "").strip()
+    if (r.get("model_preset") or "").strip() or not config:
+        return (r.get("model_preset") or "").strip()
+    if config.startswith("{"):
+        try:
+            fields = json.loads(config)
+        except json.JSONDecodeError:
+            return "model_config"
+        return str(fields.get("name") or fields.get("_name_or_path") or "model_config") if isinstance(fields, dict) \
+            else "model_config"
+    return config
+
+
 def instance_data(index: int, r: dict) -> dict:
-    """The row's instance: the preset model, the job as the source ran it, a uniform cluster of its GPU type."""
+    """The row's instance: its model (model_section), the job as the source ran it, a uniform cluster of its GPU
+    type."""
     n_gpus, per_node = int(r["n_gpus"]), int(r["gpus_per_node"] or 8)
     return {
-        "name": f"moe-row{index}", "description": r["model_preset"], "model": {"preset": r["model_preset"]},
+        "name": f"moe-row{index}", "description": model_name(r), "model": model_section(r),
         "training": _training(r),
         "cluster": {"gpu_types": {r["gpu_type"]: {"preset": r["gpu_type"]}},
                     "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n",
@@ -67,15 +109,16 @@ def instance_data(index: int, r: dict) -> dict:
     }
 
 
-def moe_run_from_row(index: int, r: dict):
+def moe_run_from_row(index: int, r: dict, base_dir: Path | None = None):
+    """A row as a Run; `base_dir`: where a model_config path is relative to (the CSV's folder)."""
     from solvers.validation.runs import Run  # runs.py dispatches here: imported late to keep the cycle open
 
-    base = dict(row=index, name=r["model_preset"], source=r["source"], gpu_type=r["gpu_type"], instance=None,
+    base = dict(row=index, name=model_name(r), source=r["source"], gpu_type=r["gpu_type"], instance=None,
                 placement=None, measured_iter_s=None, measured_how="", measured_peak_memory_gb=None,
-                measured_oom=False, fitted=False, flags=tuple(f.strip() for f in r["flagged"].split(";") if f.strip()))
+                measured_oom=False, fitted=False, flags=tuple(f.strip() for f in (r.get("flagged") or "").split(";") if f.strip()))
     try:
-        instance = instance_from_dict(instance_data(index, r), f"moe runs row {index}")
-    except ValueError as exc:
+        instance = instance_from_dict(instance_data(index, r), f"moe runs row {index}", base_dir)
+    except ValueError as exc:  # an InputError too: a model_config whose fields or file the model loader refused
         return Run(**base, skipped_reason=f"cannot build the instance: {exc}")
     tp, pp, dp, cp = (int(r[k] or 1) for k in ("tp", "pp", "dp", "cp"))
     n_gpus = int(r["n_gpus"])

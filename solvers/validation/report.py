@@ -1,5 +1,6 @@
 """Printed tables of `solve validate`: the cross-validated accuracy per source, pooled, per sweep group, memory
-and out-of-memory calls, and the few-shot table."""
+and out-of-memory calls, the intervals' coverage per level of evidence, the regret inside sweeps, and the few-shot
+table."""
 
 from __future__ import annotations
 
@@ -84,6 +85,57 @@ def print_summary(summary: dict, mode: str, console: Console) -> None:
         verdict = "predicted to FIT (a miss)" if oom["predicted_to_fit"] else "predicted out of memory (right)"
         console.print(f"row {oom['row']} ({oom['family']}) measured out of memory: {oom['predicted_gib']:.1f} GiB "
                       f"predicted against {oom['capacity_gib']:.1f} GiB, {verdict}")
+    print_coverage(summary, console)
+    print_regret(summary, console)
+
+
+LEVEL_NAMES = {"profiled": "profiled stack (held out by source)",
+               "new-setup": "new GPU or cluster (held out by cluster)",
+               "unprofiled-stack": "unprofiled stack (held out by stack)", "stored": "the stored interval"}
+
+
+def _cell(c: dict | None) -> str:
+    if not c:
+        return "-"
+    return (f"{100 * c['inside']:.0f} % ({100 * c['faster_than_p10']:.0f} / {100 * c['slower_than_p90']:.0f}) "
+            f"of {c['runs']}")
+
+
+def print_coverage(summary: dict, console: Console) -> None:
+    """The 80% interval of each level of evidence on runs it was not derived from: share inside (faster / slower
+    than the band) per stack and per source."""
+    levels = summary.get("coverage_by_level")
+    if not levels:
+        return
+    table = _table_of("80 % interval: share of runs inside (faster than p10 / slower than p90), on runs the band "
+                      "was not derived from; 80 % (10 / 10) if right", ["group", *(LEVEL_NAMES[k] for k in levels)])
+    for kind in ("by_stack", "by_source"):
+        keys = sorted({k for c in levels.values() for k in c[kind]})
+        for key in keys:
+            table.add_row(f"{'stack' if kind == 'by_stack' else 'source'} {key}",
+                          *(_cell(c[kind].get(key)) for c in levels.values()))
+    if all("all" in c for c in levels.values()):
+        table.add_row("all runs", *(_cell(c["all"]) for c in levels.values()), style="bold")
+    console.print(table)
+    spread = summary.get("stack_holdout_median_error")
+    if spread:
+        console.print("held out by stack (nothing fitted on it: its chip's Megatron efficiency, for megatron the "
+                      "other stacks'), median error per stack: " + ", ".join(f"{s} {_pct(e, True)}" for s, e in spread.items()))
+
+
+def print_regret(summary: dict, console: Console) -> None:
+    """Per sweep group: how much slower the configuration the model ranks first measured than the fastest."""
+    regret = summary.get("regret")
+    if not regret or not regret["groups"]:
+        return
+    table = _table_of("regret inside measured sweeps: measured time of the model's first choice / best measured - 1",
+                      ["group", "runs", "model's first (row)", "best measured (row)", "regret"])
+    for g in regret["groups"]:
+        table.add_row(" ".join(str(x) for x in g["group"]), str(g["runs"]), str(g["chosen_row"]), str(g["best_row"]),
+                      _pct(g["regret"]))
+    console.print(table)
+    console.print(f"regret over {len(regret['groups'])} sweep groups: median {_pct(regret['median'])}, worst "
+                  f"{_pct(regret['worst'])}")
 
 
 def print_predicted_rows(predictions: list, console: Console) -> None:

@@ -32,7 +32,7 @@ from formulation.data import REFERENCE_DIR
 from formulation.errors import InputError, file_problem
 from formulation.inputs.instance import Instance, instance_from_dict
 from formulation.placement import Placement, even_split
-from solvers.validation.moe_runs import MOE_ROW_OFFSET, moe_run_from_row
+from solvers.validation.moe_runs import MODEL_COLUMNS, MOE_ROW_OFFSET, moe_run_from_row
 
 DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
 DEFAULT_MEMORY = REFERENCE_DIR / "published_memory.csv"
@@ -125,7 +125,9 @@ def run_from_row(index: int, r: dict) -> Run:
     if precision not in ("bf16", "fp16", "fp8"):
         return skip(f"precision {precision or 'unknown'} is not modelled yet (bf16, fp16 and fp8 are)")
     if _int(r, "ep", 1) > 1:
-        return skip("mixture-of-experts (ep > 1) is not modelled yet")
+        return skip("mixture-of-experts run (ep > 1): MoE runs go in the MoE runs format, a model_preset or "
+                    "model_config column with ep, etp, dispatcher and layers_per_stage (as the packaged "
+                    "published_runs_moe.csv; solvers/validation/moe_runs.py, docs/moe.md)")
     if not r["tp"].strip() or not r["pp"].strip():
         return skip("parallel configuration (tp, pp) not published")
     tp, pp, dp = _int(r, "tp"), _int(r, "pp"), _int(r, "dp", 1)
@@ -247,11 +249,12 @@ def resolve_runs_path(path: str | Path) -> Path:
 
 
 def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
-    """A runs CSV: the dense format, or the MoE format (a `model_preset` column, solvers/validation/moe_runs.py).
+    """A runs CSV: the dense format, or the MoE format (a `model_preset` or `model_config` column,
+    solvers/validation/moe_runs.py).
     A bare file name that does not exist is looked up among the packaged reference files."""
     path = resolve_runs_path(path)
     columns, rows = read_rows(path)
-    moe = "model_preset" in columns
+    moe = bool(set(MODEL_COLUMNS) & set(columns))
     if not moe:
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
         if missing or not set(MEASURED_COLUMNS) & set(columns):
@@ -261,7 +264,7 @@ def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
     runs = []
     for i, row in enumerate(rows):
         try:
-            runs.append(moe_run_from_row(MOE_ROW_OFFSET + i, row) if moe else
+            runs.append(moe_run_from_row(MOE_ROW_OFFSET + i, row, path.parent) if moe else
                         _run_with_assumptions(path, i, row, assumed))
         except InputError:
             raise

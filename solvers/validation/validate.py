@@ -6,7 +6,9 @@
     solve calibrate [--write]                             (the packaged per-chip efficiencies)
 
 By default `validate` is leave-one-source-out: each source (paper, repository or document) is predicted with
-parameters fitted on the other sources only. Minimal columns of a runs CSV: docs/validation.md.
+parameters fitted on the other sources only; the reference is also held out by cluster and by stack, which gives
+each level of evidence its band, their coverage per stack and per source, and the regret of the model's first
+choice inside each sweep group (docs/uncertainty.md). Minimal columns of a runs CSV: docs/validation.md.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from formulation.intervals import INTERVALS_PATH
 from formulation.physics.cost import PHYSICS_TERMS
 from solvers.outputs.arguments import OneLineParser
 from solvers.outputs.files import save_figure_atomic, write_json_atomic
-from solvers.validation import crossval, fewshot
+from solvers.validation import crossval, evidence, fewshot
 from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
@@ -229,8 +231,9 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--calibration", type=Path, help="a user calibration (solve calibrate --output) to apply")
         parser.add_argument("--ablation", action="store_true", help="also leave-one-source-out with each physics "
                             "term flipped in turn (one full cross-validation per term: several minutes)")
-        parser.add_argument("--write-intervals", action="store_true", help="store the cross-source residual "
-                            "quantiles as the prediction interval every estimate carries (package data)")
+        parser.add_argument("--write-intervals", action="store_true", help="store the bands of every level of "
+                            "evidence (held out by source, cluster and stack) and what each stack was measured on, "
+                            "as the prediction interval every estimate carries (package data; reference runs only)")
         parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
         parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot (with --rows)")
     else:
@@ -284,19 +287,31 @@ def _validate(args) -> int:
         adjust = lambda instance: apply_user_calibration(instance, cal)  # noqa: E731
     # Your own runs file was never part of any fit: the stored calibration predicts it out of sample.
     in_sample = args.in_sample or args.runs is not None
+    if in_sample and args.write_intervals:
+        raise InputError(None, "--write-intervals", "the intervals are derived from the reference runs held out "
+                                                    "(no --runs, no --in-sample)")
     mode = mode_label(args.runs is not None, args.in_sample, cal, args.calibration)
-    progress = None if args.json else (lambda k, n, family: print(f"  fold {k}/{n}: {family}", file=sys.stderr))
-    predictions = crossval.cross_validate(runs, in_sample=in_sample, progress=progress, adjust=adjust)
+    progress = None if args.json else (lambda k, n, fold: print(f"  fold {k}/{n}: {fold}", file=sys.stderr))
+    # the reference held out by source, by cluster and by stack: each level of evidence's band and its coverage
+    by_holdout = None if in_sample else evidence.holdouts(runs, progress, adjust)
+    predictions = by_holdout["source"] if by_holdout else crossval.cross_validate(runs, in_sample=True,
+                                                                                   progress=progress, adjust=adjust)
     summary = crossval.summarize(predictions)
+    bands = evidence.prediction_bands(predictions, held_out=by_holdout is not None)
+    summary["regret"] = evidence.regret(predictions)
+    summary["coverage_by_level"] = (evidence.level_coverage(by_holdout) if by_holdout else
+                                    {"stored": evidence.band_coverage(predictions, bands)})
+    if by_holdout:
+        summary["stack_holdout_median_error"] = evidence.stack_spread(by_holdout["stack"])
     few = fewshot.few_shot_table(predictions) if args.few_shot else []
     if args.write_intervals:
-        path = write_intervals(predictions, summary, mode)
+        path = write_intervals(by_holdout, summary, mode, runs)
         print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
     rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
     if args.json:
-        print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions), "few_shot": few, "ablation": ablated, "rows": rows,
+        print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions, bands), "few_shot": few, "ablation": ablated, "rows": rows,
                           "memory": memory},
                          indent=2, default=str))
         return 0
@@ -346,26 +361,27 @@ def _calibrate(args) -> int:
     return 0
 
 
-def write_intervals(predictions: list, summary: dict, mode: str) -> Path:
-    """Store the p10/p90 of log(predicted / measured), pooled and per precision group, as the interval every
-    estimate carries (formulation/intervals.py)."""
+def write_intervals(by_holdout: dict, summary: dict, mode: str, runs: list) -> Path:
+    """Store the bands of every level of evidence (formulation/intervals.py): p10/p90 of log(predicted / measured)
+    held out by source, pooled and per precision group (profiled); the symmetric bands held out by cluster
+    (NEW_SETUP) and by stack (UNPROFILED); the band after calibrating on 2 runs; what each stack was measured on."""
+    predictions = by_holdout["source"]
     residuals = crossval.log_residuals(predictions)
     groups: dict[str, list[float]] = {}
     for p in predictions:
         if p.timed:
-            groups.setdefault(crossval.residual_group(p), []).append(
-                math.log(p.iteration_time_s / p.run.measured_iter_s))
-
-    def quantiles(values: list[float]) -> dict:
-        lo, hi = crossval.p10_p90(values)
-        return {"log_residual_p10": round(lo, 6), "log_residual_p90": round(hi, 6), "runs": len(values)}
-
+            groups.setdefault(crossval.residual_group(p), []).append(crossval.log_residual(p))
+    quantiles = evidence.quantiles
     write_json_atomic(INTERVALS_PATH, {
-        "_comment": f"Written by `solve validate --write-intervals` ({mode}, {len(residuals)} runs): quantiles of "
-                    "log(predicted / measured iteration time), pooled and per precision group; "
-                    "formulation/intervals.py turns them into p10-p90.",
+        "_comment": f"Written by `solve validate --write-intervals` ({mode}, also held out by cluster and by stack, "
+                    f"{len(residuals)} runs): quantiles of log(predicted / measured iteration time) per level of "
+                    "evidence, and what each stack was measured on; formulation/intervals.py turns them into p10-p90 "
+                    "(docs/uncertainty.md).",
         **quantiles(residuals),
         "by_precision": {g: quantiles(r) for g, r in sorted(groups.items()) if len(r) >= 2},
+        "levels": evidence.level_quantiles(by_holdout),
+        "after_two_runs": evidence.after_two_runs(by_holdout["stack"]),
+        "evidence": evidence.evidence_profile(runs),
         # held out by source: how often each stack kind's runs measured slower than their band's slow end
         "slower_than_p90_by_stack": {kind: round(c["slower_than_p90"], 3) for kind, c in
                                      summary.get("interval_coverage", {}).get("by_stack", {}).items()},
