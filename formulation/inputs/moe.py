@@ -134,19 +134,20 @@ class ParameterCounts:
 
 def parameter_counts(model) -> ParameterCounts:
     """Total and active parameters of a dense or MoE `Model`: the one count (`Model.total_params` reads it).
-    A tied output layer shares the embedding's weights; the final norm adds h."""
+    A tied output layer shares the embedding's weights; the final norm adds h (2h for LayerNorm)."""
     h, heads = model.hidden_size, model.num_attention_heads
     attention = model.mla.params(h, heads) if model.mla else model.attention_params
     per_dense = attention + model.layer_norm_params + model.mlp_params
-    ends = model.embedding_params + model.output_params + h
+    ends = model.embedding_params + model.output_params + model.norm_params
     if model.tie_word_embeddings:
         ends -= model.vocab_size * h
     moe = model.moe
     if moe is None:
         total = model.num_layers * per_dense + ends
         return ParameterCounts(total, total, 0)
-    expert = model.mlp_matrices * h * moe.expert_ffn_hidden_size
-    shared = model.mlp_matrices * h * moe.shared_expert_ffn_hidden_size
+    expert = model.mlp_matrices * h * moe.expert_ffn_hidden_size + model.mlp_bias_params(moe.expert_ffn_hidden_size)
+    shared = (model.mlp_matrices * h * moe.shared_expert_ffn_hidden_size
+              + (model.mlp_bias_params(moe.shared_expert_ffn_hidden_size) if moe.shared_expert_ffn_hidden_size else 0))
     base = attention + model.layer_norm_params + shared + h * moe.num_experts  # the router
     dense_layers = model.num_layers - moe.num_moe_layers
     total = dense_layers * per_dense + moe.num_moe_layers * (base + moe.num_experts * expert) + ends
