@@ -276,3 +276,32 @@ def _hf_mlp(config: dict, h: int, layer: int) -> int:
         width = config["moe_intermediate_size"]
         return h * config["n_routed_experts"] + (config["n_routed_experts"] + config["n_shared_experts"]) * 3 * h * width
     return 3 * h * config["intermediate_size"]
+
+
+# ---- torchtitan's model flavours ---------------------------------------------------------------------------------
+
+def _configs(obj):
+    """Every dataclass config inside a torchtitan model config (depth first)."""
+    yield obj
+    for field in dataclasses.fields(obj):
+        values = getattr(obj, field.name)
+        for value in values if isinstance(values, list) else [values]:
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                yield from _configs(value)
+
+
+def torchtitan_flavour_facts(module: str, flavour: str) -> dict:
+    """What torchtitan's `model_registry(flavour)` of `torchtitan.models.<module>` builds (on the meta device): its
+    parameter count and the architectural fields `solvers.outputs.torchtitan.Flavour` records."""
+    torch = require("torch")
+    config = require(f"torchtitan.models.{module}").model_registry(flavour).model
+    with torch.device("meta"):
+        params = sum(p.numel() for p in config.build().parameters())
+    ropes = {(c.theta, c.scaling, c.scaling_factor if c.scaling == "llama" else c.rope_factor)
+             for c in _configs(config) if hasattr(c, "theta") and hasattr(c, "scaling")}
+    eps = {c.eps for c in _configs(config) if type(c).__qualname__ == "RMSNorm.Config"}
+    assert len(ropes) == 1 and len(eps) == 1, (ropes, eps)
+    theta, scaling, factor = ropes.pop()
+    return dict(params=params, num_layers=len(config.layers), hidden_size=config.dim, vocab_size=config.vocab_size,
+                rope_theta=float(theta), rope_scaling=None if scaling == "none" else (scaling, float(factor)),
+                norm_eps=eps.pop(), tied=bool(getattr(config, "enable_weight_tying", False)))

@@ -108,6 +108,8 @@ def _layer_split(model, p: Placement) -> tuple[list[tuple[str, object]], list[st
 
 # Megatron-LM's Llama 3.1 rope scaling fixes these (megatron/core/models/common/embeddings/rotary_pos_embedding.py)
 _MEGATRON_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# and MLATransformerConfig's YaRN settings without a flag (megatron/core/transformer/transformer_config.py)
+_MLA_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
 
 
 def vocab_padding(vocab_size: int, tp: int) -> tuple[int, int]:
@@ -177,6 +179,9 @@ def _position_arguments(model, seq_length: int) -> tuple[list[tuple[str, object]
             args.append(("--rope-type", "rope"))  # MLATransformerConfig's default is YaRN
     elif kind == "llama3":
         args += [("--use-rope-scaling", None), ("--rope-scaling-factor", float(scaling["factor"]))]
+        if float(scaling["factor"]) != 8.0:
+            notes.append("pretrain_gpt.py (Megatron-LM core_v0.16.1 gpt_builder) does not pass --rope-scaling-factor "
+                         f"to GPTModel, which uses 8; the model's factor is {scaling['factor']}: pass it in your builder")
         fixed = {k: v for k, v in _MEGATRON_LLAMA3_SCALING.items() if k in scaling and scaling[k] != v}
         if fixed:
             notes.append(f"Megatron-LM fixes {', '.join(f'{k} = {v}' for k, v in _MEGATRON_LLAMA3_SCALING.items())} "
@@ -185,9 +190,9 @@ def _position_arguments(model, seq_length: int) -> tuple[list[tuple[str, object]
         args += [("--rope-type", "yarn"), ("--rotary-scaling-factor", float(scaling["factor"]))]
         args += [(f"--{key.replace('_', '-')}", float(scaling[key])) for key in ("mscale", "mscale_all_dim")
                  if key in scaling]
-        if scaling.get("original_max_position_embeddings", 4096) != 4096:
-            notes.append("MLATransformerConfig.original_max_position_embeddings (4096) has no flag; the model's is "
-                         f"{scaling['original_max_position_embeddings']}")
+        unflagged = {k: scaling[k] for k, v in _MLA_YARN_DEFAULTS.items() if k in scaling and scaling[k] != v}
+        if unflagged:
+            notes.append(f"MLATransformerConfig's YaRN {_MLA_YARN_DEFAULTS} have no flag; the model has {unflagged}")
     elif kind == "linear" and float(scaling["factor"]).is_integer():
         args.append(("--rotary-seq-len-interpolation-factor", int(scaling["factor"])))
     else:
