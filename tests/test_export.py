@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO, build_instance, small_instance_dict
 from formulation import default_placement, evaluate
+from formulation.inputs.model import model_from_dict
 from solvers.outputs.export import (export_plan, megatron_args_script, megatron_arguments, model_arguments,
                                     parse_pipeline_layout, pipeline_layout, vocab_padding)
 from solvers.outputs.torchtitan import runnable_zero_stages, torchtitan_run, torchtitan_toml
@@ -226,6 +227,22 @@ def test_megatron_arguments_carry_the_model_family_fields(h100, plan):
 ])
 def test_vocab_padding_keeps_the_planned_vocabulary_where_tp_allows(vocab, tp, expected):
     assert vocab_padding(vocab, tp) == expected
+
+
+def test_family_biases_are_read_and_counted():
+    """Qwen2's code has QKV biases its config does not state (q + 2 kv per layer); a Falcon-style `bias` switch gives
+    every linear layer one; Llama's attention_bias gives q, k, v and o biases and is all Megatron cannot say alone."""
+    base = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+    qwen2 = model_from_dict(base, "qwen2.json", "")
+    plain = model_from_dict({**base, "model_type": "llama"}, "llama.json", "")
+    assert qwen2.qkv_bias and not qwen2.attention_bias
+    assert qwen2.total_params - plain.total_params == 2 * (4 * 16 + 2 * 2 * 16)
+    every = model_from_dict({**base, "model_type": "falcon", "bias": True}, "falcon.json", "")
+    assert every.total_params - plain.total_params == 2 * (4 * 16 + 2 * 2 * 16 + 64 + 2 * 128 + 64)
+    llama_bias = model_from_dict({**base, "model_type": "llama", "attention_bias": True}, "llama.json", "")
+    args, notes = model_arguments(llama_bias, 1024, 1)
+    assert ("--add-qkv-bias", None) in args and any("output projection's bias" in note for note in notes)
 
 
 def test_rope_scaling_and_biases_of_other_families(h100):

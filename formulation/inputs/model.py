@@ -37,11 +37,13 @@ _HF_DROPOUT = ("hidden_dropout", "attention_dropout", "resid_pdrop", "embd_pdrop
 _HF_NULLABLE = ("num_key_value_heads", "head_dim", "rope_scaling")  # written as null: the default applies
 _HF_NORM_EPS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps")
 # Families whose modelling code has biases that their config.json does not state (transformers' modelling files):
-# every linear layer (GPT-2, GPT-BigCode, OPT, BLOOM), the QKV projection only (Qwen2, Qwen2-MoE); and the families
-# that normalise queries and keys per head (Qwen3's q_norm and k_norm, RMSNorms of head_dim).
-_ALL_BIASES = ("gpt2", "gpt_bigcode", "opt", "bloom")
+# every linear layer (GPT-2, GPT-BigCode, GPT-NeoX, OPT, BLOOM, Phi), the QKV projection only (Qwen2, Qwen2-MoE);
+# and the families that normalise queries and keys per head (Qwen3's q_norm and k_norm, RMSNorms of head_dim).
+_ALL_BIASES = ("gpt2", "gpt_bigcode", "gpt_neox", "opt", "bloom", "phi")
 _QKV_BIAS = ("qwen2", "qwen2_moe")
 _QK_NORM = ("qwen3", "qwen3_moe")
+
+
 @dataclass(frozen=True)
 class Model:
     """A dense decoder. Sizes are those of the whole model (before any parallel split)."""
