@@ -14,10 +14,12 @@ import pytest
 
 from conftest import REPO, build_instance, small_instance_dict
 from formulation import default_placement, evaluate
-from solvers.outputs.export import export_plan, megatron_arguments, parse_pipeline_layout, pipeline_layout
+from formulation.inputs.model import model_from_dict
+from solvers.outputs.export import (export_plan, megatron_args_script, megatron_arguments, model_arguments,
+                                    parse_pipeline_layout, pipeline_layout, vocab_padding)
 from solvers.outputs.torchtitan import runnable_zero_stages, torchtitan_run, torchtitan_toml
-from solvers.outputs.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups, slurm_launch,
-                            torchrun_launch)
+from solvers.outputs.launch import (LaunchMismatch, TorchrunLaunch, check_groups, megatron_rank_groups,
+                                    parse_slurm_files, slurm_files, slurm_launch, torchrun_launch)
 
 SPLIT_FLAGS = {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
@@ -208,6 +210,53 @@ def test_megatron_arguments_of_the_h100_plan(h100, plan):
     assert args["--num-query-groups"] == 8 and "--swiglu" in args
 
 
+def test_megatron_arguments_carry_the_model_family_fields(h100, plan):
+    """The issue's finding: Llama 3 trained as planned needs no linear biases, rotary base 500000, RMSNorm with
+    the config's epsilon, and a vocabulary Megatron does not pad past the planner's 128,256 at the plan's tp."""
+    args = _args(h100, plan.placement)
+    assert "--disable-bias-linear" in args and "--add-qkv-bias" not in args and "--use-rope-scaling" not in args
+    assert args["--rotary-base"] == 500000 and args["--normalization"] == "RMSNorm" and args["--norm-epsilon"] == 1e-5
+    assert args["--vocab-size"] == 128256 and 128256 % (args["--make-vocab-size-divisible-by"] * plan.placement.tp) == 0
+    assert "are yours" not in megatron_args_script(h100, plan)
+
+
+@pytest.mark.parametrize("vocab, tp, expected", [
+    # 128256 = 2^8 x 501, 32000 = 2^8 x 125, 151936 = 2^7 x 1187: the largest 2^k <= 128 with 2^k x tp dividing it
+    (128256, 8, (32, 128256)), (128256, 1, (128, 128256)), (32000, 8, (32, 32000)), (151936, 4, (32, 151936)),
+    (50257, 2, (1, 50258)),  # GPT-2's odd vocabulary cannot be split over 2 ranks unpadded
+])
+def test_vocab_padding_keeps_the_planned_vocabulary_where_tp_allows(vocab, tp, expected):
+    assert vocab_padding(vocab, tp) == expected
+
+
+def test_family_biases_are_read_and_counted():
+    """Qwen2's code has QKV biases its config does not state (q + 2 kv per layer); a Falcon-style `bias` switch gives
+    every linear layer one; Llama's attention_bias gives q, k, v and o biases and is all Megatron cannot say alone."""
+    base = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+    qwen2 = model_from_dict(base, "qwen2.json", "")
+    plain = model_from_dict({**base, "model_type": "llama"}, "llama.json", "")
+    assert qwen2.qkv_bias and not qwen2.attention_bias
+    assert qwen2.total_params - plain.total_params == 2 * (4 * 16 + 2 * 2 * 16)
+    every = model_from_dict({**base, "model_type": "falcon", "bias": True}, "falcon.json", "")
+    assert every.total_params - plain.total_params == 2 * (4 * 16 + 2 * 2 * 16 + 64 + 2 * 128 + 64)
+    llama_bias = model_from_dict({**base, "model_type": "llama", "attention_bias": True}, "llama.json", "")
+    args, notes = model_arguments(llama_bias, 1024, 1)
+    assert ("--add-qkv-bias", None) in args and any("output projection's bias" in note for note in notes)
+
+
+def test_rope_scaling_and_biases_of_other_families(h100):
+    """Llama 3.1's rope scaling, Qwen2's QKV bias (its code has it, its config does not say), GPT-2's biases."""
+    llama31 = dataclasses.replace(h100.model, rope_scaling=(("factor", 8.0), ("rope_type", "llama3")))
+    qwen2 = dataclasses.replace(h100.model, qkv_bias=True)
+    gpt2 = dataclasses.replace(h100.model, qkv_bias=True, attention_bias=True, mlp_bias=True)
+    flags = {name: dict(model_arguments(model, 8192, 8)[0]) for name, model in
+             (("llama31", llama31), ("qwen2", qwen2), ("gpt2", gpt2))}
+    assert "--use-rope-scaling" in flags["llama31"] and flags["llama31"]["--rope-scaling-factor"] == 8.0
+    assert "--add-qkv-bias" in flags["qwen2"] and "--disable-bias-linear" in flags["qwen2"]
+    assert "--add-qkv-bias" not in flags["gpt2"] and "--disable-bias-linear" not in flags["gpt2"]
+
+
 @pytest.mark.parametrize("param_gather", [True, False])
 def test_fp8_plan_runs_bf16_with_fp8_gemms(h100, plan, param_gather):
     """FP8 training is a bf16 run with Transformer Engine's FP8 GEMMs (Megatron-LM --bf16 --fp8-format ...;
@@ -303,6 +352,24 @@ def test_runnable_zero_stages(h100, plan, tp, pp, cp, dp, release, expected):
 def output_dir(h100_cli_run):
     """What `solve --instance instances/h100_128.json --output-dir ...` wrote (conftest.py: run once)."""
     return h100_cli_run
+
+
+def test_slurm_script_asks_for_the_gpus_it_uses(h100, plan):
+    """The issue's finding: the Slurm script asked for no GPUs. It asks for every GPU of its nodes (sbatch header
+    and srun step); the self-check reads that back and refuses a script asking for fewer GPUs than it drives."""
+    p = plan.placement
+    launch = slurm_launch(h100, p)
+    hostfile, script = slurm_files(launch, p)
+    per_node = h100.cluster.nodes[0].num_gpus
+    header = script.splitlines()[1:6]
+    assert header[3] == f"#SBATCH --gpus-per-node={per_node}" and header[0].startswith("#SBATCH --nodes=")
+    assert f"--gpus-per-node={per_node} --gpu-bind=none bash" in script
+    check_groups(h100, p, parse_slurm_files(hostfile, script))
+    fewer = script.replace(f"--gpus-per-node={per_node}", f"--gpus-per-node={per_node - 1}")
+    with pytest.raises(LaunchMismatch, match=f"asks for {per_node - 1} GPUs per node"):
+        check_groups(h100, p, parse_slurm_files(hostfile, fewer))
+    with pytest.raises(LaunchMismatch, match="asks for no GPUs"):
+        parse_slurm_files(hostfile, script.replace("#SBATCH --gpus-per-node", "#SBATCH --mem"))
 
 
 def test_solve_output_dir_writes_every_file(output_dir, plan, h100):

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import random
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
-from formulation import default_placement, load_instance
+from formulation import default_placement, evaluate, load_instance
+from formulation.inputs.model import PRESET_DIR, load_model_section, preset_names
 from formulation.placement import Placement
-from frameworks import (EXPERT_GROUP_DESCS, initialize_model_parallel_groups, rank_generator_expert_groups,
-                        rank_generator_groups)
-from solvers.outputs.export import slurm_files, torchrun_script
+from frameworks import (EXPERT_GROUP_DESCS, hf_parameter_count, initialize_model_parallel_groups,
+                        megatron_gpt_model, megatron_lm_namespace, rank_generator_expert_groups, rank_generator_groups)
+from solvers.outputs.export import megatron_args_script, slurm_files, torchrun_script
 from solvers.outputs.launch import (LaunchMismatch, check_groups, megatron_expert_rank_groups, megatron_rank_groups, parse_slurm_files,
                                     parse_torchrun_script, slurm_launch, torchrun_launch)
 
@@ -161,3 +164,64 @@ def test_written_moe_launch_realises_megatrons_real_expert_groups():
     with pytest.raises(LaunchMismatch, match="expert"):
         check_groups(instance, p, slurm_launch(instance, dataclasses.replace(p, gpus=tuple(gpus))),
                      initialize_model_parallel_groups, real_expert)
+
+
+# ---- the model Megatron-LM builds from megatron_args.sh ----------------------------------------------------------
+
+# building every expert of DeepSeek-V3 (256 x 58 layers) takes half a minute even on the meta device
+PRESETS = [pytest.param(name, marks=pytest.mark.slow) if name == "deepseek-v3" else name for name in preset_names()]
+
+
+class _Plan:
+    def __init__(self, placement, estimate):
+        self.placement, self.estimate = placement, estimate
+
+
+def exported_megatron_argv(preset: str, tmp_path: Path) -> tuple[object, list[str]]:
+    """(the preset's model, MEGATRON_ARGS as bash expands megatron_args.sh) for a plan of the preset on h100_128
+    at the widest tp its heads allow (so the vocabulary padding is exercised at tp up to 8)."""
+    base = load_instance(REPO / "instances" / "h100_128.json")
+    model = load_model_section({"preset": preset}, "test.json", REPO)
+    instance = dataclasses.replace(base, model=model)
+    tp = next(t for t in (8, 4, 2, 1) if model.num_attention_heads % t == 0 and model.num_kv_heads % t == 0)
+    placement = default_placement(instance, tp=tp, pp=1, cp=1)
+    script = tmp_path / "megatron_args.sh"
+    script.write_text(megatron_args_script(instance, _Plan(placement, evaluate(instance, placement, check=False))))
+    shell = f'source "{script}"; printf "%s\\n" "${{MEGATRON_ARGS[@]}}"'
+    return model, subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_megatron_builds_the_planned_model_from_the_exported_arguments(preset, tmp_path):
+    """megatron-core's GPTModel, built (meta device) from megatron_args.sh as Megatron-LM core_v0.16.1's parser and
+    gpt_builder read it, has the planner's parameter count, which is the count of the model transformers builds from
+    the preset's config.json; the vocabulary is not padded beyond the planner's."""
+    model, argv = exported_megatron_argv(preset, tmp_path)
+    built, padded_vocab = megatron_gpt_model(argv)
+    count = sum(p.numel() for p in built.parameters())
+    hf = hf_parameter_count(json.loads((PRESET_DIR / f"{preset}.json").read_text()))
+    assert padded_vocab == model.vocab_size
+    assert count == model.total_params == hf, (count, model.total_params, hf)
+
+
+def test_the_exported_model_arguments_are_megatrons_and_say_what_the_model_is(tmp_path):
+    """Llama 3.1 70B: no linear biases, rotary base 500000 with Llama 3.1's scaling, RMSNorm with its epsilon, GQA;
+    every exported flag is an option of Megatron-LM's parser (an unknown one raises)."""
+    _, argv = exported_megatron_argv("llama3.1-70b", tmp_path)
+    args = megatron_lm_namespace(argv)
+    assert (args.add_bias_linear, args.add_qkv_bias, args.rotary_base, args.use_rope_scaling) == (False, False, 500000,
+                                                                                                  True)
+    assert (args.normalization, args.layernorm_epsilon, args.num_query_groups) == ("RMSNorm", 1e-5, 8)
+    assert args.untie_embeddings_and_output_weights and args.swiglu and args.position_embedding_type == "rope"
+    with pytest.raises(ValueError, match="--rotary-bass"):
+        megatron_lm_namespace(argv + ["--rotary-bass", "500000"])
+
+
+def test_a_model_the_arguments_misdescribe_is_caught(tmp_path):
+    """The check can fail: without --disable-bias-linear Megatron builds every linear bias (Llama 3 8B gains
+    them), and without --untie-embeddings-and-output-weights it shares the output layer with the embedding."""
+    model, argv = exported_megatron_argv("llama3-8b", tmp_path)
+    with_bias, _ = megatron_gpt_model([a for a in argv if a != "--disable-bias-linear"])
+    tied, _ = megatron_gpt_model([a for a in argv if a != "--untie-embeddings-and-output-weights"])
+    assert sum(p.numel() for p in with_bias.parameters()) > model.total_params
+    assert sum(p.numel() for p in tied.parameters()) == model.total_params - model.vocab_size * model.hidden_size

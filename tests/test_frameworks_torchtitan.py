@@ -4,6 +4,7 @@ plan's world size, for the solved plans of h100_128 and a100_h100_64."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -13,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from formulation import load_instance
-from frameworks import require
+from formulation import default_placement, evaluate, load_instance
+from formulation.inputs.model import PRESET_DIR, load_model_section, preset_names
+from frameworks import hf_parameter_count, require, torchtitan_flavour_facts
 from solvers import solve
 from solvers.outputs.export import export_plan
-from solvers.outputs.torchtitan import torchtitan_run
+from solvers.outputs.torchtitan import FLAVOURS, torchtitan_args_script, torchtitan_flavour, torchtitan_run
 
 TORCHTITAN_02 = Path(sys.prefix) / "torchtitan-0.2.2"  # where .ci/run installs 0.2.2 beside 0.3.0
 
@@ -103,3 +105,52 @@ def test_torchtitan_02_reads_the_toml_and_accepts_the_degrees(exported):
     assert run.replicate_degree == 1 or (p.tp == 1 and p.pp == 1)
     if p.pp > 1:
         assert len(read["parts"]) == p.pp * p.vpp
+
+
+# ---- torchtitan's model flavours against the planned models ------------------------------------------------------
+
+@pytest.mark.parametrize("flavour", FLAVOURS, ids=lambda f: f"{f.module}-{f.name}")
+def test_the_flavour_table_is_what_torchtitan_builds(flavour):
+    """Every recorded flavour, built by torchtitan 0.3.0 itself on the meta device: its parameter count, layers,
+    width, vocabulary, rotary base and scaling, norm epsilon and tying are the recorded ones, and its config
+    function (--config) exists where one is named."""
+    facts = torchtitan_flavour_facts(flavour.module, flavour.name)
+    recorded = dataclasses.asdict(flavour)
+    assert {k: recorded[k] for k in facts} == facts
+    registry = require(f"torchtitan.models.{flavour.module}.config_registry")
+    assert flavour.config is None or callable(getattr(registry, flavour.config))
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_is_a_torchtitan_flavour_or_the_file_says_it_is_not(preset, tmp_path):
+    """Where a flavour has the preset's shape its parameter count is the planner's and the HF config's; the fields
+    where it still differs are written in torchtitan_args.sh as a NOTE, and a preset without a flavour leaves
+    TORCHTITAN_MODULE/TORCHTITAN_CONFIG to the user (the script stops without them)."""
+    model = load_model_section({"preset": preset}, "test.json", REPO)
+    flavour, differences = torchtitan_flavour(model)
+    text = torchtitan_args_script(*_plan_of(model))
+    if flavour is None:
+        assert "torchtitan 0.3.0 has no flavour" in text and "TORCHTITAN_MODULE:?" in text
+        return
+    hf = hf_parameter_count(json.loads((PRESET_DIR / f"{preset}.json").read_text()))
+    assert torchtitan_flavour_facts(flavour.module, flavour.name)["params"] == model.total_params == hf
+    comments = " ".join(" ".join(line.lstrip("#").split()) for line in text.splitlines() if line.startswith("#"))
+    assert (f"is NOT {preset}" in comments) == bool(differences)
+    assert all(difference in comments for difference in differences)
+    if preset.startswith("llama3.1") or preset == "qwen3-30b-a3b":  # torchtitan's flavours are these models
+        assert differences == []
+
+
+def _plan_of(model):
+    """(instance, plan) of `model` on h100_128 with a default placement: what torchtitan_args_script needs."""
+    base = load_instance(REPO / "instances" / "h100_128.json")
+    instance = dataclasses.replace(base, model=model)
+    tp = next(t for t in (8, 4, 2, 1) if model.num_attention_heads % t == 0 and model.num_kv_heads % t == 0)
+    placement = default_placement(instance, tp=tp, pp=1, cp=1)
+
+    class Plan:
+        pass
+
+    plan = Plan()
+    plan.placement, plan.estimate = placement, evaluate(instance, placement, check=False)
+    return instance, plan

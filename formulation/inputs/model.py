@@ -1,7 +1,9 @@
 """The transformer being trained: architecture, presets, and per-layer parameters, FLOPs and activations.
 
 Field names follow Hugging Face `config.json`. Dense decoder-only models: Llama-style (RMSNorm, SwiGLU,
-GQA, rotary, no dropout) and GPT-style (LayerNorm, GELU MLP, learned positions, dropout).
+GQA, rotary, no dropout) and GPT-style (LayerNorm, GELU MLP, learned positions, dropout). The fields that change
+no cost (rotary base and scaling, norm epsilon) are kept so the launch files build the same model
+(solvers/outputs/export.py).
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ PRESET_DIR = MODELS_DIR
 _HF_ACTIVATIONS = {"silu": "swiglu", "swiglu": "swiglu", "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu",
                    "gelu_pytorch_tanh": "gelu", "relu": "gelu"}
 # Keys of HF configs that do not change cost or memory; accepted and ignored so real config.json files load.
-# A sliding window (Mistral, Qwen2) only shortens attention, so ignoring it keeps the estimate conservative; a
-# bias (Qwen2's QKV bias, attention_bias) adds well under 0.1% of the parameters.
+# A sliding window (Mistral, Qwen2) only shortens attention, so ignoring it keeps the estimate conservative.
 _HF_IGNORED = {
-    "architectures", "model_type", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
-    "pad_token_id", "rope_theta", "rope_scaling", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps",
-    "initializer_range", "use_cache", "pretraining_tp", "attention_bias", "mlp_bias", "max_position_embeddings",
-    "_name_or_path", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "bias",
+    "architectures", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
+    "pad_token_id", "initializer_range", "use_cache", "pretraining_tp", "max_position_embeddings",
+    "_name_or_path", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
     "use_parallel_residual", "rotary_pct", "partial_rotary_factor", "rotary_emb_base", "classifier_dropout",
     "tokenizer_class", "n_positions", "n_ctx", "summary_type", "summary_use_proj", "summary_activation",
     "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights", "reorder_and_upcast_attn",
@@ -34,7 +34,16 @@ _HF_IGNORED = {
 # zero turns it off (GPT-NeoX-20B, Pythia, Qwen2 train without); with none given the activation decides.
 _HF_DROPOUT = ("hidden_dropout", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
                "attention_probs_dropout_prob")
-_HF_NULLABLE = ("num_key_value_heads", "head_dim")  # written as null by some configs: the default applies
+_HF_NULLABLE = ("num_key_value_heads", "head_dim", "rope_scaling")  # written as null: the default applies
+_HF_NORM_EPS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps")
+# Families whose modelling code has biases that their config.json does not state (transformers' modelling files):
+# every linear layer (GPT-2, GPT-BigCode, GPT-NeoX, OPT, BLOOM, Phi), the QKV projection only (Qwen2, Qwen2-MoE);
+# and the families that normalise queries and keys per head (Qwen3's q_norm and k_norm, RMSNorms of head_dim).
+_ALL_BIASES = ("gpt2", "gpt_bigcode", "gpt_neox", "opt", "bloom", "phi")
+_QKV_BIAS = ("qwen2", "qwen2_moe")
+_QK_NORM = ("qwen3", "qwen3_moe")
+
+
 @dataclass(frozen=True)
 class Model:
     """A dense decoder. Sizes are those of the whole model (before any parallel split)."""
@@ -56,8 +65,25 @@ class Model:
     moe: MoE | None = None  # experts (formulation/inputs/moe.py); None: dense
     mla: LatentAttention | None = None  # multi-head latent attention; None: standard (GQA) attention
     mtp_layers: int = 0  # multi-token prediction depths (DeepSeek-V3), counted apart
+    qkv_bias: bool = False  # biases of the query, key and value projections
+    attention_bias: bool = False  # a bias of the attention output projection
+    mlp_bias: bool = False  # biases of the MLP (and expert) projections
+    qk_norm: bool = False  # RMSNorm of each query and key head (Qwen3)
+    rope_theta: float = 10000.0  # rotary base (no cost: kept for the launch files)
+    rope_scaling: tuple[tuple[str, object], ...] | None = None  # HF rope_scaling items (Llama 3.1's "llama3", YaRN)
+    norm_eps: float | None = None  # epsilon of the norms; None: the config gives none
 
     # ---- parameters -------------------------------------------------------------------------------
+    def mlp_bias_params(self, width: int) -> int:
+        """Biases of one MLP (or expert) of `width`: its up (and gate) outputs and its down output."""
+        return (self.mlp_matrices - 1) * width + self.hidden_size if self.mlp_bias else 0
+
+    @property
+    def layer_bias_params(self) -> int:
+        """Biases of one layer's attention and dense MLP."""
+        q, kv = self.num_attention_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return ((q + 2 * kv) if self.qkv_bias else 0) + (self.hidden_size if self.attention_bias else 0)
+
     @property
     def attention_params(self) -> int:
         q = self.num_attention_heads * self.head_dim
@@ -71,7 +97,7 @@ class Model:
 
     @property
     def mlp_params(self) -> int:
-        return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+        return self.mlp_matrices * self.hidden_size * self.ffn_hidden_size + self.mlp_bias_params(self.ffn_hidden_size)
 
     @property
     def layer_matmul_params(self) -> int:
@@ -79,9 +105,16 @@ class Model:
         return self.attention_params + self.mlp_params
 
     @property
+    def norm_params(self) -> int:
+        """Weights of one norm over the hidden size (LayerNorm: scale and bias)."""
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    @property
     def layer_norm_params(self) -> int:
-        """Norm weights of one layer, replicated across tensor-parallel ranks."""
-        return 2 * self.hidden_size * (2 if self.norm == "layernorm" else 1)
+        """Norm weights and biases of one layer (attention biases, QK norms), counted as replicated across
+        tensor-parallel ranks (the split ones are well under 0.1% of a layer). A dense MLP's biases are in
+        `mlp_params`, each expert's in its own count."""
+        return 2 * self.norm_params + 2 * self.head_dim * self.qk_norm + self.layer_bias_params
 
     @property
     def embedding_params(self) -> int:
@@ -197,6 +230,7 @@ def model_from_dict(data: dict, file: str, path: str = "model", allow_moe: bool 
     moe, _ = read_moe(sec, layers, ffn)
     mla = read_latent_attention(sec)
     mtp = sec.integer("num_nextn_predict_layers", default=0, minimum=0)
+    extras = _read_launch_fields(sec)
     for key in list(data):
         if key in _HF_IGNORED or key in MOE_IGNORED:
             sec.raw(key)
@@ -204,8 +238,26 @@ def model_from_dict(data: dict, file: str, path: str = "model", allow_moe: bool 
     model = Model(name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads,
                   num_kv_heads=kv_heads, vocab_size=vocab, head_dim=head_dim, tie_word_embeddings=tie, mlp=mlp,
                   norm=norm, dropout=dropout, learned_position_embeddings=learned, max_position_embeddings=max_pos,
-                  moe=moe, mla=mla, mtp_layers=mtp)
+                  moe=moe, mla=mla, mtp_layers=mtp, **extras)
     return model
+
+
+def _read_launch_fields(sec: Section) -> dict:
+    """Biases, QK norms, rotary base and scaling and the norm epsilon: HF keys where the config has them, else the
+    family's modelling code (`model_type`)."""
+    family = sec.string("model_type", default="")
+    every = sec.boolean("bias", default=family in _ALL_BIASES)  # Falcon, Phi: one switch for every linear layer
+    attention = sec.boolean("attention_bias", default=every)  # Llama family: q, k, v and o projections
+    eps = [sec.number(k, positive=False, minimum=0.0) for k in _HF_NORM_EPS if sec.has(k)]
+    scaling = sec.raw("rope_scaling", None)
+    if scaling is not None:
+        if not isinstance(scaling, dict) or not all(isinstance(v, (int, float, str, list)) for v in scaling.values()):
+            raise sec.error("rope_scaling", f"expected an object of numbers and strings, got {scaling!r}")
+        scaling = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in scaling.items()))
+    return dict(qkv_bias=attention or family in _QKV_BIAS, attention_bias=attention,
+                mlp_bias=sec.boolean("mlp_bias", default=every), qk_norm=family in _QK_NORM,
+                rope_theta=sec.number("rope_theta", default=sec.number("rotary_emb_base", default=10000.0)),
+                rope_scaling=scaling, norm_eps=eps[0] if eps else None)
 
 
 def preset_names() -> list[str]:

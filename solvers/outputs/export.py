@@ -16,13 +16,11 @@ from solvers.outputs.files import write_json_atomic, write_text_atomic
 from solvers.outputs.report import comment_lines
 from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_toml
 
-from solvers.outputs.launch import (LaunchMismatch, SlurmLaunch, TorchrunLaunch, check_groups, parse_slurm_files,
-                     parse_torchrun_script, slurm_launch, torchrun_launch)
+from solvers.outputs.launch import (TRAIN_SCRIPT, LaunchMismatch, check_groups, parse_slurm_files,
+                                    parse_torchrun_script, slurm_files, slurm_launch, torchrun_launch, torchrun_script)
 
-__all__ = ["LaunchMismatch", "check_groups", "export_plan", "megatron_arguments", "pipeline_layout",
-           "parse_pipeline_layout", "torchtitan_toml"]
-
-TRAIN_SCRIPT = "pretrain_gpt.py"
+__all__ = ["TRAIN_SCRIPT", "LaunchMismatch", "check_groups", "export_plan", "megatron_arguments", "pipeline_layout",
+           "parse_pipeline_layout", "slurm_files", "torchrun_script", "torchtitan_toml"]
 
 
 # ---- Megatron-LM -----------------------------------------------------------------------------------------
@@ -106,6 +104,114 @@ def _layer_split(model, p: Placement) -> tuple[list[tuple[str, object]], list[st
     return [("--pipeline-model-parallel-layout", layout)], [note]
 
 
+# ---- the model's architecture -------------------------------------------------------------------------------
+
+# Megatron-LM's Llama 3.1 rope scaling fixes these (megatron/core/models/common/embeddings/rotary_pos_embedding.py)
+_MEGATRON_LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# and MLATransformerConfig's YaRN settings without a flag (megatron/core/transformer/transformer_config.py)
+_MLA_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}
+
+
+def vocab_padding(vocab_size: int, tp: int) -> tuple[int, int]:
+    """(--make-vocab-size-divisible-by, padded vocabulary): Megatron-LM pads the vocabulary up to a multiple of
+    that value x tp; the largest divisor of 128 that leaves the model's vocabulary as it is, where one exists."""
+    for divisor in (128, 64, 32, 16, 8, 4, 2, 1):
+        if vocab_size % (divisor * tp) == 0:
+            return divisor, vocab_size
+    return 1, -(-vocab_size // tp) * tp
+
+
+def _shape_arguments(model, tp: int) -> tuple[list[tuple[str, object]], list[str]]:
+    """Layers, widths, heads, the MLP, norms, biases and the vocabulary."""
+    args: list[tuple[str, object]] = [
+        ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
+        ("--ffn-hidden-size", model.ffn_hidden_size), ("--num-attention-heads", model.num_attention_heads),
+        # MLA: the value head width, as the published DeepSeek-V3 / Kimi scripts pass (128); hidden / heads
+        # (56 for DeepSeek-V3) describes no projection of an MLA layer
+        ("--kv-channels", model.mla.v_head_dim if model.mla is not None else model.head_dim)]
+    notes = []
+    if model.num_kv_heads != model.num_attention_heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", model.num_kv_heads)]
+    if model.mlp == "swiglu":
+        args.append(("--swiglu", None))
+    args.append(("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    if model.norm_eps is not None:
+        args.append(("--norm-epsilon", model.norm_eps))
+    if model.qk_norm or model.mla is not None:  # Qwen3's per-head norms; MLA's latent norms (DeepSeek)
+        args.append(("--qk-layernorm", None))
+    if not (model.attention_bias or model.mlp_bias):
+        args.append(("--disable-bias-linear", None))
+    if model.attention_bias != model.mlp_bias:
+        notes.append("Megatron-LM's --add-bias-linear gives every linear layer a bias or none; this model has "
+                     f"biases only in its {'attention' if model.attention_bias else 'MLP'}: "
+                     + ("written as --add-qkv-bias, without the output projection's bias (h per layer)"
+                        if model.attention_bias else "written without them (--disable-bias-linear)"))
+    if model.qkv_bias and not (model.attention_bias and model.mlp_bias):
+        args.append(("--add-qkv-bias", None))
+    if not model.tie_word_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    divisor, padded = vocab_padding(model.vocab_size, tp)
+    args += [("--vocab-size", model.vocab_size), ("--make-vocab-size-divisible-by", divisor)]
+    notes.append(f"the vocabulary is {model.vocab_size:,} entries, padded to {padded:,} at tp={tp}"
+                 + ("" if padded == model.vocab_size else f" ({padded - model.vocab_size} rows the plan does not "
+                    "count: no divisor keeps it)")
+                 + ": a tokenizer of that size (--vocab-size is what NullTokenizer reads; it adds one for EOD)")
+    return args, notes
+
+
+def _position_arguments(model, seq_length: int) -> tuple[list[tuple[str, object]], list[str]]:
+    """Position embeddings: learned, or rotary with its base and scaling."""
+    if model.learned_position_embeddings:
+        notes = [] if seq_length <= model.max_position_embeddings else [
+            f"seq_length {seq_length} exceeds the model's {model.max_position_embeddings} learned positions"]
+        return [("--position-embedding-type", "learned_absolute"),
+                ("--max-position-embeddings", model.max_position_embeddings)], notes
+    args: list[tuple[str, object]] = [
+        ("--position-embedding-type", "rope"),
+        ("--max-position-embeddings", max(seq_length, model.max_position_embeddings)),
+        ("--rotary-base", round(model.rope_theta))]
+    notes = [] if model.rope_theta == round(model.rope_theta) else [
+        f"Megatron-LM's --rotary-base is an integer; the model's rope_theta is {model.rope_theta}"]
+    scaling = dict(model.rope_scaling or ())
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        if model.mla is not None:
+            args.append(("--rope-type", "rope"))  # MLATransformerConfig's default is YaRN
+    elif kind == "llama3":
+        args += [("--use-rope-scaling", None), ("--rope-scaling-factor", float(scaling["factor"]))]
+        if float(scaling["factor"]) != 8.0:
+            notes.append("pretrain_gpt.py (Megatron-LM core_v0.16.1 gpt_builder) does not pass --rope-scaling-factor "
+                         f"to GPTModel, which uses 8; the model's factor is {scaling['factor']}: pass it in your builder")
+        fixed = {k: v for k, v in _MEGATRON_LLAMA3_SCALING.items() if k in scaling and scaling[k] != v}
+        if fixed:
+            notes.append(f"Megatron-LM fixes {', '.join(f'{k} = {v}' for k, v in _MEGATRON_LLAMA3_SCALING.items())} "
+                         f"of Llama 3.1's rope scaling; the model has {fixed}: change them in its RotaryEmbedding")
+    elif kind == "yarn" and model.mla is not None:
+        args += [("--rope-type", "yarn"), ("--rotary-scaling-factor", float(scaling["factor"]))]
+        args += [(f"--{key.replace('_', '-')}", float(scaling[key])) for key in ("mscale", "mscale_all_dim")
+                 if key in scaling]
+        unflagged = {k: scaling[k] for k, v in _MLA_YARN_DEFAULTS.items() if k in scaling and scaling[k] != v}
+        if unflagged:
+            notes.append(f"MLATransformerConfig's YaRN {_MLA_YARN_DEFAULTS} have no flag; the model has {unflagged}")
+    elif kind == "linear" and float(scaling["factor"]).is_integer():
+        args.append(("--rotary-seq-len-interpolation-factor", int(scaling["factor"])))
+    else:
+        notes.append(f"rope scaling {dict(scaling)} has no Megatron-LM flag here: the model trains without it")
+    return args, notes
+
+
+def model_arguments(model, seq_length: int, tp: int) -> tuple[list[tuple[str, object]], list[str]]:
+    """Megatron-LM's flags for every architectural field of `model` (the mixture-of-experts and latent-attention
+    flags apart: `moe_arguments`), so that pretrain_gpt.py builds the model the plan costed."""
+    shape, shape_notes = _shape_arguments(model, tp)
+    position, position_notes = _position_arguments(model, seq_length)
+    notes = shape_notes + position_notes
+    if model.mtp_layers:
+        notes.append(f"the model's {model.mtp_layers} multi-token prediction module(s) are not in the plan (the "
+                     "planner costs the model without them); add --mtp-num-layers to train them")
+    return shape + position, notes
+
+
 def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]], list[str], dict]:
     """(arguments as (flag, value or None), notes for the reader, environment variables (None: unset))."""
     model, job = instance.model, instance.training
@@ -118,21 +224,10 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     args += split_args
     notes += split_notes
     args += [("--micro-batch-size", p.micro_batch_size), ("--global-batch-size", job.global_batch_size),
-             ("--seq-length", job.seq_length),
-             ("--max-position-embeddings", max(job.seq_length, model.max_position_embeddings)),
-             ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
-             ("--ffn-hidden-size", model.ffn_hidden_size), ("--num-attention-heads", model.num_attention_heads),
-             # MLA: the value head width, as the published DeepSeek-V3 / Kimi scripts pass (128); hidden / heads
-             # (56 for DeepSeek-V3) describes no projection of an MLA layer
-             ("--kv-channels", model.mla.v_head_dim if model.mla is not None else model.head_dim)]
-    if model.num_kv_heads != model.num_attention_heads:
-        args += [("--group-query-attention", None), ("--num-query-groups", model.num_kv_heads)]
-    if model.mlp == "swiglu":
-        args.append(("--swiglu", None))
-    args.append(("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
-    args.append(("--position-embedding-type", "learned_absolute" if model.learned_position_embeddings else "rope"))
-    if not model.tie_word_embeddings:
-        args.append(("--untie-embeddings-and-output-weights", None))
+             ("--seq-length", job.seq_length)]
+    model_args, model_notes = model_arguments(model, job.seq_length, p.tp)
+    args += model_args
+    notes += model_notes
     if not model.dropout:  # the memory model stores no dropout masks for this model
         args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
     args += precision_arguments(job)
@@ -212,6 +307,7 @@ def moe_arguments(model, job, p: Placement) -> list[tuple[str, object]]:
             args.append(("--moe-layer-freq", "[" + ",".join(str(k) for k in moe.layer_pattern) + "]"))
         if moe.shared_expert_ffn_hidden_size:
             args.append(("--moe-shared-expert-intermediate-size", moe.shared_expert_ffn_hidden_size))
+        args += router_arguments(moe.router)
     mla = model.mla
     if mla is not None:
         args += [("--multi-latent-attention", None), ("--kv-lora-rank", mla.kv_lora_rank),
@@ -219,6 +315,26 @@ def moe_arguments(model, job, p: Placement) -> list[tuple[str, object]]:
                  ("--v-head-dim", mla.v_head_dim)]
         if mla.q_lora_rank is not None:
             args.append(("--q-lora-rank", mla.q_lora_rank))
+    return args
+
+
+def router_arguments(router) -> list[tuple[str, object]]:
+    """How tokens choose experts: score function, group-limited routing, scaling, expert bias. Megatron-LM
+    renormalises the top-k weights (softmax over the chosen logits; sigmoid scores divided by their sum);
+    --moe-router-pre-softmax keeps softmax weights over all experts unrenormalised (norm_topk_prob false)."""
+    if router is None:
+        return []
+    args: list[tuple[str, object]] = []
+    if router.score != "softmax":
+        args.append(("--moe-router-score-function", router.score))
+    elif not router.renormalise:
+        args.append(("--moe-router-pre-softmax", None))
+    if router.groups:
+        args += [("--moe-router-num-groups", router.groups), ("--moe-router-group-topk", router.group_topk)]
+    if router.scaling is not None and router.scaling != 1:
+        args.append(("--moe-router-topk-scaling-factor", router.scaling))
+    if router.expert_bias:
+        args.append(("--moe-router-enable-expert-bias", None))
     return args
 
 
@@ -231,7 +347,9 @@ def megatron_args_script(instance, plan) -> str:
              f"peak {e.peak_memory_gib:.1f} GiB per GPU",
              "# Source this file, then run Megatron-LM's pretrain_gpt.py with \"${MEGATRON_ARGS[@]}\" plus your data,",
              "# tokenizer, optimizer and checkpoint arguments (launch_torchrun.sh and launch_slurm.sh do that).",
-             "# Model-family details the plan does not decide (bias, rotary base, vocabulary padding) are yours."]
+             f"# The model is the one planned, {instance.model.total_params:,} parameters: every architectural field "
+             "is below",
+             "# (biases, norms, rotary base and scaling, vocabulary and its padding, experts, latent attention)."]
     lines += comment_lines(notes, "NOTE: ")
     lines += [f"unset {k}" if v is None else f"export {k}={v}" for k, v in env.items()]
     lines.append("MEGATRON_ARGS=(")
@@ -240,89 +358,6 @@ def megatron_args_script(instance, plan) -> str:
         lines.append(f"  {flag}" + "".join(f" {shlex.quote(str(word))}" for word in words))
     lines.append(")")
     return "\n".join(lines) + "\n"
-
-
-# ---- launch scripts ----------------------------------------------------------------------------------------
-
-# FRAMEWORK=torchtitan runs `-m torchtitan.train` (a module: its own torchrun flag and array element) with
-# torchtitan's arguments only; its activation-checkpoint subcommand must follow every option, extras included.
-_PREAMBLE = """set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [[ "${FRAMEWORK:-megatron}" == torchtitan ]]; then
-  source "$HERE/torchtitan_args.sh"
-  PROGRAM=(-m "${TORCHTITAN_ENTRY:-torchtitan.train}" "${TORCHTITAN_ARGS[@]}")
-  TAIL=("${TORCHTITAN_SUBCOMMANDS[@]}")
-elif [[ "${FRAMEWORK:-megatron}" == megatron ]]; then
-  source "$HERE/megatron_args.sh"
-  PROGRAM=("${TRAIN_SCRIPT:-%s}" "${MEGATRON_ARGS[@]}")
-  TAIL=()
-else
-  echo "FRAMEWORK must be megatron or torchtitan, not $FRAMEWORK" >&2; exit 2
-fi"""
-
-
-def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
-    master = launch.nodes[0].host
-    lines = ["#!/usr/bin/env bash",
-             "# torchrun route. Run this script once on every node of the plan; it picks the node's line below.",
-             "# torchrun (static rendezvous) makes global rank = node_rank x nproc_per_node + local_rank, and local",
-             "# rank j drives the j-th GPU of CUDA_VISIBLE_DEVICES: together they realise the plan's rank order.",
-             f"# plan: {p.summary()}",
-             "# Usage: [FRAMEWORK=megatron|torchtitan] [NODE=<this node's name>] [MASTER_ADDR=...] bash launch_torchrun.sh",
-             "#        [extra training args]",
-             _PREAMBLE % TRAIN_SCRIPT,
-             f"NNODES={len(launch.nodes)}",
-             f"NPROC_PER_NODE={launch.nproc_per_node}",
-             "NODE=${NODE:-$(hostname -s)}",
-             f"MASTER_ADDR=${{MASTER_ADDR:-{master}}}  # the node of global rank 0",
-             "MASTER_PORT=${MASTER_PORT:-29500}",
-             'case "$NODE" in']
-    for node in launch.nodes:
-        lines.append(f"  {node.host}) NODE_RANK={node.node_rank}; "
-                     f"DEVICES={','.join(map(str, node.visible_devices))} ;;")
-    lines += ['  *) echo "launch_torchrun.sh: node $NODE is not part of this plan" >&2; exit 1 ;;',
-              "esac",
-              'export CUDA_VISIBLE_DEVICES="$DEVICES"',
-              'exec torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --node-rank="$NODE_RANK" \\',
-              '  --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \\',
-              '  "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
-    return "\n".join(lines) + "\n"
-
-
-def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
-    """(hostfile, launch_slurm.sh)."""
-    hosts = list(dict.fromkeys(launch.hostfile))
-    lines = ["#!/usr/bin/env bash",
-             "# Slurm route: expresses any rank order. srun starts one task per rank and places task r on line r",
-             "# of ./hostfile (SLURM_HOSTFILE, --distribution=arbitrary); each task then takes LOCAL_RANK from the",
-             "# table below and its node's CUDA_VISIBLE_DEVICES permutation, so it drives the plan's GPU.",
-             f"# plan: {p.summary()}",
-             "# Usage, inside an allocation of whole nodes (node names are used as host names):",
-             f"#   salloc --nodes={len(hosts)} --exclusive --nodelist={','.join(hosts)}",
-             "#   [FRAMEWORK=megatron|torchtitan] bash launch_slurm.sh [extra training args]",
-             _PREAMBLE % TRAIN_SCRIPT,
-             f"WORLD_SIZE={len(launch.hostfile)}",
-             'if [[ "${1:-}" != "--rank" ]]; then',
-             '  export SLURM_HOSTFILE="$HERE/hostfile"',
-             f"  export MASTER_ADDR=${{MASTER_ADDR:-{launch.hostfile[0]}}} MASTER_PORT=${{MASTER_PORT:-29500}}",
-             f'  exec srun --nodes={len(hosts)} --ntasks="$WORLD_SIZE" --distribution=arbitrary --cpu-bind=none \\',
-             '    bash "$HERE/launch_slurm.sh" --rank "$@"',
-             "fi",
-             "shift",
-             "RANK=$SLURM_PROCID",
-             'case "$RANK" in']
-    for rank, (host, local) in enumerate(zip(launch.table_host, launch.local_rank)):
-        lines.append(f"  {rank}) HOST={host}; LOCAL={local} ;;")
-    lines += ["esac", 'case "$HOST" in']
-    for host in hosts:
-        lines.append(f"  {host}) DEVICES={','.join(map(str, launch.visible_devices[host]))} ;;")
-    lines += ["esac",
-              'if [[ "$(hostname -s)" != "$HOST" ]]; then',
-              '  echo "launch_slurm.sh: rank $RANK belongs on $HOST but runs on $(hostname -s)" >&2; exit 1',
-              "fi",
-              'export CUDA_VISIBLE_DEVICES="$DEVICES" RANK WORLD_SIZE LOCAL_RANK="$LOCAL"',
-              'exec python "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
-    return "\n".join(launch.hostfile) + "\n", "\n".join(lines) + "\n"
 
 
 # ---- writing -----------------------------------------------------------------------------------------------

@@ -68,8 +68,14 @@ class SlurmLaunch:
     local_rank: tuple[int, ...]  # per global rank: its LOCAL_RANK on its host
     table_host: tuple[str, ...]  # per global rank: the host the wrapper's table expects (checked at run time)
     visible_devices: dict[str, tuple[int, ...]]  # per host: CUDA_VISIBLE_DEVICES
+    gpus_per_node: int = 0  # the GPUs the job asks Slurm for on each node (--gpus-per-node); 0: not stated
 
     def realise(self, cluster) -> list[int]:
+        if self.gpus_per_node:
+            for host, devices in self.visible_devices.items():
+                if max(devices) >= self.gpus_per_node:
+                    raise LaunchMismatch(f"slurm: the job asks for {self.gpus_per_node} GPUs per node but {host} "
+                                         f"drives GPU {max(devices)}")
         gpus = []
         for rank, (host, local) in enumerate(zip(self.hostfile, self.local_rank)):
             if self.table_host[rank] != host:
@@ -122,7 +128,104 @@ def slurm_launch(instance, placement: Placement) -> SlurmLaunch:
         mine = devices.setdefault(host, [])
         local_rank.append(len(mine))  # ranks on a host in increasing rank order, as Slurm numbers SLURM_LOCALID
         mine.append(int(cluster.gpu_local[placement.gpus[rank]]))
-    return SlurmLaunch(tuple(hosts), tuple(local_rank), tuple(hosts), {h: tuple(d) for h, d in devices.items()})
+    # every GPU of the nodes used: Slurm hides the GPUs a job did not ask for and renumbers the others
+    per_node = max(cluster.nodes[cluster.gpu_node[g]].num_gpus for g in placement.gpus)
+    return SlurmLaunch(tuple(hosts), tuple(local_rank), tuple(hosts), {h: tuple(d) for h, d in devices.items()},
+                       per_node)
+
+
+# ---- the launch scripts as written ----------------------------------------------------------------------------------------
+
+# FRAMEWORK=torchtitan runs `-m torchtitan.train` (a module: its own torchrun flag and array element) with
+# torchtitan's arguments only; its activation-checkpoint subcommand must follow every option, extras included.
+TRAIN_SCRIPT = "pretrain_gpt.py"
+_PREAMBLE = """set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [[ ! -f "$HERE/megatron_args.sh" && -n "${SLURM_SUBMIT_DIR:-}" ]]; then
+  HERE=$SLURM_SUBMIT_DIR  # sbatch runs a copy of the script: the launch files are where it was submitted
+fi
+if [[ "${FRAMEWORK:-megatron}" == torchtitan ]]; then
+  source "$HERE/torchtitan_args.sh"
+  PROGRAM=(-m "${TORCHTITAN_ENTRY:-torchtitan.train}" "${TORCHTITAN_ARGS[@]}")
+  TAIL=("${TORCHTITAN_SUBCOMMANDS[@]}")
+elif [[ "${FRAMEWORK:-megatron}" == megatron ]]; then
+  source "$HERE/megatron_args.sh"
+  PROGRAM=("${TRAIN_SCRIPT:-%s}" "${MEGATRON_ARGS[@]}")
+  TAIL=()
+else
+  echo "FRAMEWORK must be megatron or torchtitan, not $FRAMEWORK" >&2; exit 2
+fi"""
+
+
+def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
+    master = launch.nodes[0].host
+    lines = ["#!/usr/bin/env bash",
+             "# torchrun route. Run this script once on every node of the plan; it picks the node's line below.",
+             "# torchrun (static rendezvous) makes global rank = node_rank x nproc_per_node + local_rank, and local",
+             "# rank j drives the j-th GPU of CUDA_VISIBLE_DEVICES: together they realise the plan's rank order.",
+             f"# plan: {p.summary()}",
+             "# Usage: [FRAMEWORK=megatron|torchtitan] [NODE=<this node's name>] [MASTER_ADDR=...] bash launch_torchrun.sh",
+             "#        [extra training args]",
+             _PREAMBLE % TRAIN_SCRIPT,
+             f"NNODES={len(launch.nodes)}",
+             f"NPROC_PER_NODE={launch.nproc_per_node}",
+             "NODE=${NODE:-$(hostname -s)}",
+             f"MASTER_ADDR=${{MASTER_ADDR:-{master}}}  # the node of global rank 0",
+             "MASTER_PORT=${MASTER_PORT:-29500}",
+             'case "$NODE" in']
+    for node in launch.nodes:
+        lines.append(f"  {node.host}) NODE_RANK={node.node_rank}; "
+                     f"DEVICES={','.join(map(str, node.visible_devices))} ;;")
+    lines += ['  *) echo "launch_torchrun.sh: node $NODE is not part of this plan" >&2; exit 1 ;;',
+              "esac",
+              'export CUDA_VISIBLE_DEVICES="$DEVICES"',
+              'exec torchrun --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --node-rank="$NODE_RANK" \\',
+              '  --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" \\',
+              '  "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
+    return "\n".join(lines) + "\n"
+
+
+def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
+    """(hostfile, launch_slurm.sh)."""
+    hosts = list(dict.fromkeys(launch.hostfile))
+    gpus = f"--gpus-per-node={launch.gpus_per_node}"
+    lines = ["#!/usr/bin/env bash",
+             f"#SBATCH --nodes={len(hosts)}",
+             f"#SBATCH --nodelist={','.join(hosts)}",
+             f"#SBATCH --ntasks={len(launch.hostfile)}",
+             f"#SBATCH {gpus}",
+             "#SBATCH --exclusive",
+             "# Slurm route: expresses any rank order. srun starts one task per rank and places task r on line r",
+             "# of ./hostfile (SLURM_HOSTFILE, --distribution=arbitrary); each task then takes LOCAL_RANK from the",
+             "# table below and its node's CUDA_VISIBLE_DEVICES permutation, so it drives the plan's GPU. The job",
+             "# asks for every GPU of its nodes (Slurm would hide and renumber the others).",
+             f"# plan: {p.summary()}",
+             "# Usage (node names are used as host names): from this directory, [FRAMEWORK=...] sbatch launch_slurm.sh",
+             f"# or inside an allocation: salloc --nodes={len(hosts)} --exclusive {gpus} --nodelist={','.join(hosts)}",
+             "#   then [FRAMEWORK=megatron|torchtitan] bash launch_slurm.sh [extra training args]",
+             _PREAMBLE % TRAIN_SCRIPT,
+             f"WORLD_SIZE={len(launch.hostfile)}",
+             'if [[ "${1:-}" != "--rank" ]]; then',
+             '  export SLURM_HOSTFILE="$HERE/hostfile"',
+             f"  export MASTER_ADDR=${{MASTER_ADDR:-{launch.hostfile[0]}}} MASTER_PORT=${{MASTER_PORT:-29500}}",
+             f'  exec srun --nodes={len(hosts)} --ntasks="$WORLD_SIZE" --distribution=arbitrary --cpu-bind=none \\',
+             f'    {gpus} --gpu-bind=none bash "$HERE/launch_slurm.sh" --rank "$@"',
+             "fi",
+             "shift",
+             "RANK=$SLURM_PROCID",
+             'case "$RANK" in']
+    for rank, (host, local) in enumerate(zip(launch.table_host, launch.local_rank)):
+        lines.append(f"  {rank}) HOST={host}; LOCAL={local} ;;")
+    lines += ["esac", 'case "$HOST" in']
+    for host in hosts:
+        lines.append(f"  {host}) DEVICES={','.join(map(str, launch.visible_devices[host]))} ;;")
+    lines += ["esac",
+              'if [[ "$(hostname -s)" != "$HOST" ]]; then',
+              '  echo "launch_slurm.sh: rank $RANK belongs on $HOST but runs on $(hostname -s)" >&2; exit 1',
+              "fi",
+              'export CUDA_VISIBLE_DEVICES="$DEVICES" RANK WORLD_SIZE LOCAL_RANK="$LOCAL"',
+              'exec python "${PROGRAM[@]}" "$@" "${TAIL[@]}"']
+    return "\n".join(launch.hostfile) + "\n", "\n".join(lines) + "\n"
 
 
 # ---- Megatron-LM's process groups -----------------------------------------------------------------------
@@ -267,5 +370,8 @@ def parse_slurm_files(hostfile: str, script: str) -> SlurmLaunch:
     if sorted(table) != list(range(len(hosts))):
         raise LaunchMismatch(f"slurm: the wrapper's rank table covers {len(table)} ranks, the hostfile {len(hosts)}")
     devices = {host: tuple(int(d) for d in devs.split(",")) for host, devs in _SLURM_HOST.findall(script)}
+    asked = re.search(r"^#SBATCH --gpus-per-node=(\d+)$", script, re.M)
+    if asked is None:
+        raise LaunchMismatch("slurm: the script asks for no GPUs (no #SBATCH --gpus-per-node line)")
     return SlurmLaunch(hosts, tuple(table[r][1] for r in range(len(hosts))),
-                       tuple(table[r][0] for r in range(len(hosts))), devices)
+                       tuple(table[r][0] for r in range(len(hosts))), devices, int(asked.group(1)))

@@ -108,12 +108,73 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
                         (note, *expert_notes(p), *block_recompute_notes(p)))
 
 
-def torchtitan_model(model_name: str) -> tuple[str, str] | None:
-    """torchtitan's (--module, --config) for the planner's model preset, where torchtitan ships one."""
-    match = re.fullmatch(r"llama-?3(?:\.\d)?-(\d+)b", model_name.lower())
-    if match and match.group(1) in ("8", "70", "405"):
-        return "llama3", f"llama3_{match.group(1)}b"
-    return None
+@dataclass(frozen=True)
+class Flavour:
+    """A model flavour of torchtitan 0.3.0 (`torchtitan.models.<module>.model_registry(name)`) and what it builds
+    (tests/test_frameworks_torchtitan.py checks every field against torchtitan itself)."""
+    module: str
+    name: str
+    config: str | None  # its config_registry function (--config), None: torchtitan ships none for the flavour
+    params: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    rope_theta: float
+    rope_scaling: tuple[str, float] | None  # ("llama", factor): Llama 3.1's; ("yarn", factor); None
+    norm_eps: float
+    tied: bool = False
+
+
+FLAVOURS = (
+    Flavour("llama3", "8B", "llama3_8b", 8_030_261_248, 32, 4096, 128256, 500000.0, ("llama", 8.0), 1e-5),
+    Flavour("llama3", "70B", "llama3_70b", 70_553_706_496, 80, 8192, 128256, 500000.0, ("llama", 8.0), 1e-5),
+    Flavour("llama3", "405B", "llama3_405b", 405_853_388_800, 126, 16384, 128256, 500000.0, ("llama", 8.0), 1e-5),
+    Flavour("qwen3", "30B-A3B", "qwen3_30b_a3b", 30_532_122_624, 48, 2048, 151936, 1e6, None, 1e-6),
+    Flavour("qwen3", "235B-A22B", None, 235_093_634_560, 94, 4096, 151936, 5e6, None, 1e-6),
+    Flavour("deepseek_v3", "671B", "deepseek_v3_671b", 671_026_404_352, 61, 7168, 129280, 10000.0, ("yarn", 40.0), 1e-5),
+)
+
+
+def _flavour_view(model) -> dict:
+    """The planner's model in a flavour's terms."""
+    scaling = dict(model.rope_scaling or ())
+    kind = {"llama3": "llama", "yarn": "yarn"}.get(scaling.get("rope_type", scaling.get("type")))
+    return dict(params=model.total_params, num_layers=model.num_layers, hidden_size=model.hidden_size,
+                vocab_size=model.vocab_size, rope_theta=float(model.rope_theta),
+                rope_scaling=None if kind is None else (kind, float(scaling["factor"])),
+                norm_eps=model.norm_eps, tied=model.tie_word_embeddings)
+
+
+def torchtitan_flavour(model) -> tuple[Flavour | None, list[str]]:
+    """(torchtitan's flavour of the same shape as `model`, the fields where it still differs: [] when it is the
+    model), or (None, [why]) when no flavour has its shape (layers, width, vocabulary, parameter count)."""
+    mine = _flavour_view(model)
+    shape = ("params", "num_layers", "hidden_size", "vocab_size")
+    for flavour in FLAVOURS:
+        theirs = dataclasses.asdict(flavour)
+        if all(theirs[k] == mine[k] for k in shape):
+            return flavour, [f"{k} {mine[k]} (torchtitan: {theirs[k]})" for k in ("rope_theta", "rope_scaling",
+                                                                                   "norm_eps", "tied")
+                             if theirs[k] != mine[k] and not (k == "norm_eps" and mine[k] is None)]
+    return None, [f"torchtitan 0.3.0 has no flavour of {model.name} ({model.num_layers} layers, hidden "
+                  f"{model.hidden_size}, vocabulary {model.vocab_size}, {model.total_params:,} parameters)"]
+
+
+def torchtitan_model_notes(model) -> list[str]:
+    """What the torchtitan route trains instead of the planned model, said plainly ([] when it is the model)."""
+    flavour, differences = torchtitan_flavour(model)
+    if flavour is None:
+        return [differences[0] + ": write a model_registry flavour and config for it (TORCHTITAN_MODULE, "
+                "TORCHTITAN_CONFIG); the launch scripts refuse to start torchtitan without them"]
+    notes = []
+    if differences:
+        notes.append(f"torchtitan's {flavour.module} {flavour.name} flavour has the planned shape and parameter count "
+                     f"but is NOT {model.name}: it differs in " + "; ".join(differences) + ". Training it trains "
+                     "that model (same cost); for this one, register a flavour with these fields")
+    if flavour.config is None:
+        notes.append(f"torchtitan 0.3.0 has the {flavour.module} {flavour.name} flavour but no config_registry "
+                     f"function for it: write one (model_registry(\"{flavour.name}\")) and set TORCHTITAN_CONFIG")
+    return notes
 
 
 def _batch(p: Placement, m: int) -> tuple[int, str]:
@@ -159,7 +220,8 @@ def torchtitan_arguments(instance, plan) -> tuple[list[str], list[str], list[str
 def torchtitan_args_script(instance, plan) -> str:
     """torchtitan_args.sh: bash arrays TORCHTITAN_ARGS and TORCHTITAN_SUBCOMMANDS for `-m torchtitan.train`."""
     args, subcommands, notes = torchtitan_arguments(instance, plan)
-    known = torchtitan_model(instance.model.name)
+    flavour, _ = torchtitan_flavour(instance.model)
+    notes = torchtitan_model_notes(instance.model) + notes
     lines = [f"# torchtitan command line for the plan of {instance.name} ({instance.model.name}), llm-train-planner.",
              f"# For torchtitan 0.3.x (command-line configuration); checked with {CHECKED['0.3']}: parsed by its",
              "# ConfigManager and accepted by its ParallelDims at the plan's world size. 0.2.x: torchtitan-0.2.toml.",
@@ -167,13 +229,14 @@ def torchtitan_args_script(instance, plan) -> str:
              "# Launch: FRAMEWORK=torchtitan bash launch_torchrun.sh (or launch_slurm.sh) [extra options]; they run",
              "# python -m torchtitan.train \"${TORCHTITAN_ARGS[@]}\" [extra options] \"${TORCHTITAN_SUBCOMMANDS[@]}\"."]
     lines += comment_lines(notes, "NOTE: ")
-    if known:
-        lines += [f"TORCHTITAN_MODULE=${{TORCHTITAN_MODULE:-{known[0]}}}",
-                  f"TORCHTITAN_CONFIG=${{TORCHTITAN_CONFIG:-{known[1]}}}"]
+    if flavour is not None:
+        lines.append(f"TORCHTITAN_MODULE=${{TORCHTITAN_MODULE:-{flavour.module}}}")
     else:
-        lines += ["# torchtitan ships no config for this model: name your own module and config_registry function.",
-                  ': "${TORCHTITAN_MODULE:?set TORCHTITAN_MODULE (torchtitan --module) for this model}"',
-                  ': "${TORCHTITAN_CONFIG:?set TORCHTITAN_CONFIG (torchtitan --config) for this model}"']
+        lines.append(': "${TORCHTITAN_MODULE:?set TORCHTITAN_MODULE (torchtitan --module) for this model}"')
+    if flavour is not None and flavour.config is not None:
+        lines.append(f"TORCHTITAN_CONFIG=${{TORCHTITAN_CONFIG:-{flavour.config}}}")
+    else:
+        lines.append(': "${TORCHTITAN_CONFIG:?set TORCHTITAN_CONFIG (torchtitan --config) for this model}"')
     lines += ["TORCHTITAN_ARGS=(", '  --module "$TORCHTITAN_MODULE" --config "$TORCHTITAN_CONFIG"']
     lines += [f"  {shlex.quote(arg)}" for arg in args]
     lines += [")", f"TORCHTITAN_SUBCOMMANDS=({' '.join(map(shlex.quote, subcommands))})"]
