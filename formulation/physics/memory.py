@@ -26,11 +26,31 @@ class StageMemory:
     overhead_gib: float  # CUDA context / NCCL + fragmentation
     limit_gib: float  # memory_limit_fraction x the GPU's memory (smallest GPU of the stage)
     capacity_gib: float  # the GPU's memory (smallest GPU of the stage)
+    context_gib: float = 0.0  # (M8) CUDA context: outside PyTorch's allocator, part of overhead_gib
+    nccl_gib: float = 0.0  # (M8) NCCL's channel buffers (cudaMalloc'd by NCCL): part of overhead_gib
 
     @property
     def total_gib(self) -> float:
+        """What nvidia-smi shows for the process (the `nvidia_smi` counter), and what must fit."""
         return (self.weights_gib + self.gradients_gib + self.optimizer_gib + self.activations_gib
                 + self.buffers_gib + self.overhead_gib)
+
+    @property
+    def allocated_gib(self) -> float:
+        """(M8) `torch.cuda.max_memory_allocated`: the tensors alive at the peak (the `allocated_peak` counter)."""
+        return (self.weights_gib + self.gradients_gib + self.optimizer_gib + self.activations_gib
+                + self.buffers_gib)
+
+    @property
+    def reserved_gib(self) -> float:
+        """(M8) `torch.cuda.max_memory_reserved` (the `reserved_peak` counter; torchtitan's `memory:` figure): what
+        the caching allocator holds, i.e. everything but the CUDA context and NCCL's own buffers."""
+        return self.total_gib - self.context_gib - self.nccl_gib
+
+    def counter_gib(self, counter: str) -> float:
+        """The figure a run measured with `counter`: allocated_peak, reserved_peak or nvidia_smi."""
+        return {"allocated_peak": self.allocated_gib, "reserved_peak": self.reserved_gib,
+                "nvidia_smi": self.total_gib}[counter]
 
     @property
     def fits(self) -> bool:
@@ -294,7 +314,40 @@ def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: M
     weights, grads, optim = gib("weights"), gib("gradients"), gib("optimizer")
     acts, bufs = gib("activations"), gib("buffers")
     frag = gpu_type.fragmentation_fraction * (acts + bufs)
+    # (M8) the runtime overhead's parts outside the caching allocator; the rest of it (cuBLAS / cuDNN / Transformer
+    # Engine workspaces, the allocator's cached free blocks) is reserved memory
+    context, nccl = outside_allocator_gib(p, gpu_type.runtime_overhead_gib)
     return StageMemory(stage=stage, weights_gib=weights, gradients_gib=grads, optimizer_gib=optim,
                        activations_gib=acts, buffers_gib=bufs, overhead_gib=gpu_type.runtime_overhead_gib + frag,
                        limit_gib=instance.training.memory_limit_fraction * gpu_type.memory_gib,
-                       capacity_gib=gpu_type.memory_gib)
+                       capacity_gib=gpu_type.memory_gib, context_gib=context, nccl_gib=nccl)
+
+
+# (M8) NCCL's per-connection buffers, one per protocol (src/init.cc): Simple NCCL_BUFFSIZE (4 MiB), LL
+# 8 lines x 512 threads x 8 steps x 16 bytes (512 KiB), LL128 120 elements x 640 threads x 8 steps x 8 bytes.
+NCCL_SIMPLE_BYTES = 1 << 22
+NCCL_LL_BYTES = 8 * 512 * 8 * 16
+NCCL_LL128_BYTES = 120 * 640 * 8 * 8
+NCCL_RING_CHANNELS = 16  # assumed channels of a collective communicator on NVLink (NCCL picks 8-32)
+NCCL_P2P_CHANNELS_PER_PEER = 2  # NCCL_NCHANNELS_PER_NET_PEER's default; pipeline send/recv
+CUDA_CONTEXT_GIB = 0.5  # CUDA context with lazy module loading (CUDA 11.7+, PyTorch's default), assumed
+
+
+def nccl_buffer_bytes(channels: int, peers: int, buffsize: int = NCCL_SIMPLE_BYTES) -> float:
+    """(M8) Bytes NCCL allocates for `channels` channels to `peers` peers: every connection holds one buffer per
+    protocol (LL, LL128, Simple), on one side of the link."""
+    return channels * peers * (buffsize + NCCL_LL_BYTES + NCCL_LL128_BYTES)
+
+
+def outside_allocator_gib(p, runtime_overhead_gib: float) -> tuple[float, float]:
+    """(M8) (CUDA context, NCCL buffers) of a rank of configuration `p`, in GiB: a ring (one connection per channel)
+    for each collective group larger than one (tp, cp, the data-parallel group dp x cp), two pipeline peers.
+    Both are part of `runtime_overhead_gib` (the nvidia-smi figure keeps it whole); scaled down to fit in it
+    where a GPU type sets a smaller overhead."""
+    groups = sum(1 for size in (p.tp, p.cp, p.dp * p.cp) if size > 1)
+    nccl = groups * nccl_buffer_bytes(NCCL_RING_CHANNELS, 1)
+    if p.pp > 1:
+        nccl += nccl_buffer_bytes(NCCL_P2P_CHANNELS_PER_PEER, 2)
+    context, nccl = CUDA_CONTEXT_GIB, nccl / GIB
+    scale = min(1.0, runtime_overhead_gib / (context + nccl)) if context + nccl > 0 else 1.0
+    return context * scale, nccl * scale
