@@ -34,7 +34,9 @@ from solvers.validation import crossval, fewshot
 from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
-from solvers.validation.report import print_ablation, print_few_shot, print_predicted_rows, print_summary
+from solvers.validation.memory_runs import over_capacity_runs, validate_memory_peaks
+from solvers.validation.report import (print_ablation, print_few_shot, print_memory_peaks, print_predicted_rows,
+                                       print_summary)
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
@@ -296,9 +298,12 @@ def _validate(args) -> int:
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
     rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
+    # measured peaks (published_memory_peaks.csv): nothing of the memory model is fitted on them, so each source's
+    # figure is held out; and the runs that ran but are put over their GPU's memory (must be none)
+    peaks = {**validate_memory_peaks(), "ran_over_capacity": over_capacity_runs()} if args.runs is None else None
     if args.json:
         print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions), "few_shot": few, "ablation": ablated, "rows": rows,
-                          "memory": memory},
+                          "memory": memory, "memory_peaks": peaks},
                          indent=2, default=str))
         return 0
     if rows:
@@ -306,6 +311,8 @@ def _validate(args) -> int:
         if args.plot:
             _plot(rows, args.plot)
     print_summary(summary, mode, console)
+    if peaks:
+        print_memory_peaks(peaks, console)
     if any(not p.run.fitted for p in predictions):
         print_predicted_rows(predictions, console)
     if few:

@@ -1,0 +1,94 @@
+"""The memory counters (docs/model.md (M8)) against derived figures, and the measured peaks (docs/memory.md)."""
+
+import csv
+
+import pytest
+
+from formulation.evaluate import evaluate
+from formulation.inputs.instance import instance_from_dict
+from formulation.physics.memory import (GIB, NCCL_P2P_CHANNELS_PER_PEER, NCCL_RING_CHANNELS, loss_bytes_per_logit,
+                                        memory_coefficients, nccl_buffer_bytes)
+from formulation.placement import Placement, even_split
+from solvers.validation.memory_runs import (COUNTERS, MEMORY_PEAKS, TARGET_MEDIAN_ABS_ERROR, over_capacity_runs,
+                                            validate_memory_peaks)
+
+
+def _instance(stack="megatron", tp=1, pp=1, dp=8, gpus=None, zero=1):
+    n = gpus or tp * pp * dp
+    return instance_from_dict({
+        "name": "memory counters", "model": {"preset": "llama3-8b"},
+        "training": {"global_batch_size": 64, "seq_length": 4096, "precision": "bf16", "software_stack": stack,
+                     "zero_stage": [zero], "recompute": ["full"]},
+        "cluster": {"gpu_types": {"h100-sxm-80gb": {}},
+                    "nodes": [{"count": max(1, n // 8), "gpu_type": "h100-sxm-80gb", "gpus": min(8, n)}],
+                    "network": {"intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50}}}, "test")
+
+
+def _placement(inst, tp, pp, dp, zero=1):
+    return Placement(tp=tp, pp=pp, cp=1, dp=dp, vpp=1, micro_batch_size=1, recompute="full", zero_stage=zero,
+                     layers_per_stage=even_split(inst.model.num_layers, pp), gpus=tuple(range(tp * pp * dp)))
+
+
+def test_nccl_buffers_are_channels_times_peers_times_the_three_protocol_buffers():
+    # NCCL src/init.cc: Simple 1 << 22, LL 8 x 512 x 8 x 16 = 524288, LL128 120 x 640 x 8 x 8 = 4915200 bytes
+    assert nccl_buffer_bytes(1, 1) == 4194304 + 524288 + 4915200
+    assert nccl_buffer_bytes(16, 1) == 16 * 9633792 == 154140672
+    assert nccl_buffer_bytes(2, 2, buffsize=1 << 20) == 4 * ((1 << 20) + 524288 + 4915200)
+
+
+def test_counters_nest_and_the_outside_allocator_parts_are_the_derived_figures():
+    inst = _instance(tp=8, pp=2, dp=4)
+    stage = evaluate(inst, _placement(inst, 8, 2, 4)).stages[0].memory
+    assert stage.allocated_gib < stage.reserved_gib < stage.total_gib
+    assert stage.counter_gib("nvidia_smi") == stage.total_gib
+    # tp and dp rings, one connection per channel; two pipeline peers
+    nccl = (2 * nccl_buffer_bytes(NCCL_RING_CHANNELS, 1) + nccl_buffer_bytes(NCCL_P2P_CHANNELS_PER_PEER, 2)) / GIB
+    assert stage.nccl_gib == pytest.approx(nccl)
+    assert stage.total_gib - stage.reserved_gib == pytest.approx(stage.context_gib + nccl)
+    # the nvidia-smi figure (what must fit) keeps the whole runtime overhead: unchanged by the split
+    gpu = next(iter(inst.cluster.gpu_types.values()))
+    dynamic = stage.activations_gib + stage.buffers_gib
+    assert stage.total_gib == pytest.approx(stage.allocated_gib + gpu.runtime_overhead_gib
+                                            + gpu.fragmentation_fraction * dynamic)
+
+
+def test_fused_cross_entropy_keeps_bf16_logits_and_one_fp32_copy():
+    inst = _instance(tp=2, pp=2, dp=2)
+    p = _placement(inst, 2, 2, 2)
+    assert loss_bytes_per_logit(inst.training, p) == 6.0
+    last = memory_coefficients(inst, p, 1, "dense")
+    first = memory_coefficients(inst, p, 0, "dense")
+    logits = inst.training.seq_length * 1 * inst.model.vocab_size / 2  # tokens x local vocabulary
+    assert last.buffers[0] - first.buffers[0] == pytest.approx(6.0 * logits)  # 2 bf16 + 4 fp32 per logit
+
+
+def test_deepspeed_bf16_optimizer_keeps_a_whole_fp32_gradient_buffer():
+    # DeepSpeed bf16_optimizer.py: fp32_groups_gradients_flat is zeros_like(the whole flat bf16 group), beside the
+    # bf16 gradients; fp32 master weights and Adam moments are the dp-partitioned part
+    inst = _instance(stack="megatron-deepspeed", tp=1, pp=1, dp=8)
+    assert inst.training.bytes_per_param_state == (2.0, 6.0, 12.0)
+    stage = evaluate(inst, _placement(inst, 1, 1, 8)).stages[0].memory
+    assert stage.gradients_gib == pytest.approx(3 * stage.weights_gib)  # 6 bytes against 2, not divided by dp
+    assert stage.optimizer_gib == pytest.approx(stage.weights_gib * 12 / 2 / 8)
+
+
+def test_every_measured_row_names_its_source_url_and_counter():
+    with open(MEMORY_PEAKS, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) >= 40
+    assert len({r["source"] for r in rows}) >= 4
+    for r in rows:
+        assert r["source"].strip() and r["url"].startswith("https://") and r["notes"].strip()
+        assert r["counter"] in COUNTERS
+
+
+def test_measured_peaks_held_out_by_source_within_the_target():
+    result = validate_memory_peaks()
+    assert result["pooled"]["rows"] >= 40 and result["sources"] >= 4
+    assert result["pooled"]["median_abs_error"] <= TARGET_MEDIAN_ABS_ERROR
+    for counter, st in result["by_counter"].items():
+        assert st["median_abs_error"] <= TARGET_MEDIAN_ABS_ERROR, counter
+
+
+def test_no_measured_run_is_put_over_its_gpu_memory():
+    assert over_capacity_runs() == []
