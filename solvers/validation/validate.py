@@ -1,7 +1,7 @@
 """`solve validate` (predicted vs measured runs and memory) and `solve calibrate` (fit efficiencies).
 
     solve validate [--runs FILE.csv] [--in-sample] [--few-shot] [--calibration CAL.json] [--rows] [--json]
-                   [--write-intervals]
+                   [--write-intervals] [--memory-only]
     solve calibrate --runs MINE.csv --output CAL.json    (three knobs fitted on your own runs)
     solve calibrate [--write]                             (the packaged per-chip efficiencies)
 
@@ -234,6 +234,8 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--write-intervals", action="store_true", help="store the cross-source residual "
                             "quantiles as the prediction interval every estimate carries (package data)")
         parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
+        parser.add_argument("--memory-only", action="store_true", help="only the measured peak memory per source "
+                            "and counter (published_memory_peaks.csv; seconds, no cross-validation of times)")
         parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot (with --rows)")
     else:
         parser.add_argument("--output", type=Path, metavar="CAL.json", help="fit the three user knobs (compute "
@@ -279,6 +281,13 @@ def _validate(args) -> int:
     from rich.console import Console
 
     console = Console(width=max(Console().width, 120))
+    if args.memory_only:
+        peaks = {**validate_memory_peaks(), "ran_over_capacity": over_capacity_runs()}
+        if args.json:
+            print(json.dumps({"memory_peaks": peaks}, indent=2, default=str))
+        else:
+            print_memory_peaks(peaks, console)
+        return 0
     runs = crossval.reference_runs() if args.runs is None else users_runs(args.runs)
     adjust = None
     if args.calibration:
