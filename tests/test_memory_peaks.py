@@ -7,21 +7,23 @@ import pytest
 from formulation.evaluate import evaluate
 from formulation.inputs.instance import instance_from_dict
 from formulation.physics.memory import (GIB, NCCL_P2P_CHANNELS_PER_PEER, NCCL_RING_CHANNELS, loss_bytes_per_logit,
-                                        memory_coefficients, nccl_buffer_bytes)
+                                        memory_coefficients, nccl_buffer_bytes, workspace_gib)
 from formulation.placement import Placement, even_split
 from solvers.validation.memory_runs import (COUNTERS, MEMORY_PEAKS, TARGET_MEDIAN_ABS_ERROR, over_capacity_runs,
                                             validate_memory_peaks)
 
 
-def _instance(stack="megatron", tp=1, pp=1, dp=8, gpus=None, zero=1):
-    n = gpus or tp * pp * dp
-    return instance_from_dict({
-        "name": "memory counters", "model": {"preset": "llama3-8b"},
-        "training": {"global_batch_size": 64, "seq_length": 4096, "precision": "bf16", "software_stack": stack,
-                     "zero_stage": [zero], "recompute": ["full"]},
-        "cluster": {"gpu_types": {"h100-sxm-80gb": {}},
-                    "nodes": [{"count": max(1, n // 8), "gpu_type": "h100-sxm-80gb", "gpus": min(8, n)}],
-                    "network": {"intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50}}}, "test")
+def _dict(stack="megatron", n=8, zero=1):
+    return {"name": "memory counters", "model": {"preset": "llama3-8b"},
+            "training": {"global_batch_size": 64, "seq_length": 4096, "precision": "bf16", "software_stack": stack,
+                         "zero_stage": [zero], "recompute": ["full"]},
+            "cluster": {"gpu_types": {"h100-sxm-80gb": {}},
+                        "nodes": [{"count": max(1, n // 8), "gpu_type": "h100-sxm-80gb", "gpus": min(8, n)}],
+                        "network": {"intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50}}}
+
+
+def _instance(stack="megatron", tp=1, pp=1, dp=8, zero=1):
+    return instance_from_dict(_dict(stack, tp * pp * dp, zero), "test")
 
 
 def _placement(inst, tp, pp, dp, zero=1):
@@ -48,8 +50,25 @@ def test_counters_nest_and_the_outside_allocator_parts_are_the_derived_figures()
     # the nvidia-smi figure (what must fit) keeps the whole runtime overhead: unchanged by the split
     gpu = next(iter(inst.cluster.gpu_types.values()))
     dynamic = stage.activations_gib + stage.buffers_gib
-    assert stage.total_gib == pytest.approx(stage.allocated_gib + gpu.runtime_overhead_gib
+    assert stage.total_gib == pytest.approx(stage.allocated_gib - stage.workspace_gib + gpu.runtime_overhead_gib
                                             + gpu.fragmentation_fraction * dynamic)
+
+
+def test_workspaces_are_cublas_and_transformer_engine_defaults():
+    # PyTorch's CUBLAS_WORKSPACE_CONFIG default ":4096:8" on Hopper (8 x 4 MiB), ":4096:2:16:8" before; Transformer
+    # Engine's cuBLASLt workspace 32 MiB on Hopper, 4 MiB before; torchtitan runs no Transformer Engine
+    h100 = _instance().cluster.gpu_types["h100-sxm-80gb"]
+    assert workspace_gib(_instance().training, h100) * GIB == 32 * 2 ** 20 + 32 * 2 ** 20
+    assert workspace_gib(_instance(stack="torchtitan", zero=3).training, h100) * GIB == 32 * 2 ** 20
+    a100 = instance_from_dict({**_dict("megatron"), "cluster": {
+        "gpu_types": {"a100-sxm-80gb": {}}, "nodes": [{"count": 1, "gpu_type": "a100-sxm-80gb", "gpus": 8}],
+        "network": {"intra_node_gb_per_s": 300, "inter_node_gb_per_s": 25}}}, "test")
+    gpu = a100.cluster.gpu_types["a100-sxm-80gb"]
+    assert workspace_gib(a100.training, gpu) * GIB == 4096 * 1024 * 2 + 16 * 1024 * 8 + 4 * 2 ** 20
+    inst = _instance()
+    stage = evaluate(inst, _placement(inst, 1, 1, 8)).stages[0].memory
+    assert stage.allocated_gib - stage.workspace_gib == pytest.approx(
+        stage.weights_gib + stage.gradients_gib + stage.optimizer_gib + stage.activations_gib + stage.buffers_gib)
 
 
 def test_fused_cross_entropy_keeps_bf16_logits_and_one_fp32_copy():
@@ -70,6 +89,11 @@ def test_deepspeed_bf16_optimizer_keeps_a_whole_fp32_gradient_buffer():
     stage = evaluate(inst, _placement(inst, 1, 1, 8)).stages[0].memory
     assert stage.gradients_gib == pytest.approx(3 * stage.weights_gib)  # 6 bytes against 2, not divided by dp
     assert stage.optimizer_gib == pytest.approx(stage.weights_gib * 12 / 2 / 8)
+    # after the backward, engine.allreduce_bucket flattens the whole fp32 gradient buffer into a new tensor (4 bytes
+    # per parameter, twice the bf16 weights) while the activations are gone: with full recompute it is the peak
+    assert stage.activations_gib + stage.buffers_gib == pytest.approx(2 * stage.weights_gib)
+    megatron = evaluate(_instance(), _placement(_instance(), 1, 1, 8)).stages[0].memory
+    assert megatron.activations_gib + megatron.buffers_gib < stage.weights_gib  # no such copy elsewhere
 
 
 def test_every_measured_row_names_its_source_url_and_counter():

@@ -28,6 +28,7 @@ class StageMemory:
     capacity_gib: float  # the GPU's memory (smallest GPU of the stage)
     context_gib: float = 0.0  # (M8) CUDA context: outside PyTorch's allocator, part of overhead_gib
     nccl_gib: float = 0.0  # (M8) NCCL's channel buffers (cudaMalloc'd by NCCL): part of overhead_gib
+    workspace_gib: float = 0.0  # (M8) cuBLAS / Transformer Engine workspaces: allocated tensors, part of overhead_gib
 
     @property
     def total_gib(self) -> float:
@@ -39,12 +40,13 @@ class StageMemory:
     def allocated_gib(self) -> float:
         """(M8) `torch.cuda.max_memory_allocated`: the tensors alive at the peak (the `allocated_peak` counter)."""
         return (self.weights_gib + self.gradients_gib + self.optimizer_gib + self.activations_gib
-                + self.buffers_gib)
+                + self.buffers_gib + self.workspace_gib)
 
     @property
     def reserved_gib(self) -> float:
         """(M8) `torch.cuda.max_memory_reserved` (the `reserved_peak` counter; torchtitan's `memory:` figure): what
-        the caching allocator holds, i.e. everything but the CUDA context and NCCL's own buffers."""
+        the caching allocator holds, i.e. everything but the CUDA context and NCCL's own buffers (the workspaces are
+        allocated tensors, inside it)."""
         return self.total_gib - self.context_gib - self.nccl_gib
 
     def counter_gib(self, counter: str) -> float:
@@ -313,14 +315,42 @@ def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: M
 
     weights, grads, optim = gib("weights"), gib("gradients"), gib("optimizer")
     acts, bufs = gib("activations"), gib("buffers")
+    # (M8) DeepSpeed's gradient all-reduce flattens the fp32 gradients into a copy after the backward, when the
+    # activations are gone: the stage peaks at the larger of the two
+    bufs += max(0.0, gradient_reduction_copy_gib(instance.training, p, weights) - (acts + bufs))
     frag = gpu_type.fragmentation_fraction * (acts + bufs)
-    # (M8) the runtime overhead's parts outside the caching allocator; the rest of it (cuBLAS / cuDNN / Transformer
-    # Engine workspaces, the allocator's cached free blocks) is reserved memory
+    # (M8) the runtime overhead's parts outside the caching allocator, and the workspaces inside it; the rest of it
+    # (cuDNN, the allocator's cached free blocks) is reserved memory
     context, nccl = outside_allocator_gib(p, gpu_type.runtime_overhead_gib)
+    workspace = min(workspace_gib(instance.training, gpu_type), gpu_type.runtime_overhead_gib - context - nccl)
     return StageMemory(stage=stage, weights_gib=weights, gradients_gib=grads, optimizer_gib=optim,
                        activations_gib=acts, buffers_gib=bufs, overhead_gib=gpu_type.runtime_overhead_gib + frag,
                        limit_gib=instance.training.memory_limit_fraction * gpu_type.memory_gib,
-                       capacity_gib=gpu_type.memory_gib, context_gib=context, nccl_gib=nccl)
+                       capacity_gib=gpu_type.memory_gib, context_gib=context, nccl_gib=nccl,
+                       workspace_gib=max(0.0, workspace))
+
+
+def gradient_reduction_copy_gib(job, p, weights_gib: float) -> float:
+    """(M8) DeepSpeed's bf16 optimizer reduces the whole fp32 gradient buffer with the engine's
+    `buffered_allreduce_fallback`, whose `allreduce_bucket` flattens each bucket (`_flatten_dense_tensors`, a new
+    tensor): the buffer is one flat tensor per parameter group, past the 5e8-element bucket limit, so the copy is the
+    whole local model's fp32 gradients, 4 bytes per parameter (twice the bf16 weights). 0 on other stacks."""
+    if job.software_stack in DEEPSPEED and job.precision != "fp16" and p.zero_stage < 2:
+        return 2.0 * weights_gib
+    return 0.0
+
+
+CUBLAS_WORKSPACE_BYTES = (4096 * 1024 * 8, 4096 * 1024 * 2 + 16 * 1024 * 8)  # Hopper and later, earlier GPUs
+TE_WORKSPACE_BYTES = (32 * 1024 * 1024, 4 * 1024 * 1024)
+
+
+def workspace_gib(job, gpu_type) -> float:
+    """(M8) Workspaces PyTorch's allocator hands out once and keeps: cuBLAS's (PyTorch's CublasHandlePool default,
+    CUBLAS_WORKSPACE_CONFIG ":4096:8" on Hopper, ":4096:2:16:8" before) and, on the Megatron stacks, Transformer
+    Engine's cuBLASLt workspace (32 MiB on Hopper, 4 MiB before). A GPU with FP8 tensor cores counts as Hopper."""
+    hopper = 0 if gpu_type.peak_fp8_tflops > 0 else 1
+    te = TE_WORKSPACE_BYTES[hopper] if job.software_stack not in PYTORCH_STACKS else 0
+    return (CUBLAS_WORKSPACE_BYTES[hopper] + te) / GIB
 
 
 # (M8) NCCL's per-connection buffers, one per protocol (src/init.cc): Simple NCCL_BUFFSIZE (4 MiB), LL
