@@ -116,3 +116,13 @@ def test_measured_peaks_held_out_by_source_within_the_target():
 
 def test_no_measured_run_is_put_over_its_gpu_memory():
     assert over_capacity_runs() == []
+
+
+def test_plan_estimates_carry_each_counter():
+    inst = _instance(tp=2, pp=2, dp=2)
+    est = evaluate(inst, _placement(inst, 2, 2, 2))
+    for stage, d in zip(est.stages, est.to_dict()["stages"]):
+        assert d["memory"]["allocated_peak_gib"] == stage.memory.counter_gib("allocated_peak")
+        assert d["memory"]["reserved_peak_gib"] == stage.memory.counter_gib("reserved_peak")
+        assert d["memory"]["total_gib"] == stage.memory.counter_gib("nvidia_smi")
+        assert d["memory"]["allocated_peak_gib"] < d["memory"]["reserved_peak_gib"] < d["memory"]["total_gib"]
