@@ -126,3 +126,18 @@ def test_plan_estimates_carry_each_counter():
         assert d["memory"]["reserved_peak_gib"] == stage.memory.counter_gib("reserved_peak")
         assert d["memory"]["total_gib"] == stage.memory.counter_gib("nvidia_smi")
         assert d["memory"]["allocated_peak_gib"] < d["memory"]["reserved_peak_gib"] < d["memory"]["total_gib"]
+
+
+def test_a_bad_memory_file_is_one_line_naming_the_row(tmp_path):
+    from formulation.errors import InputError
+    from solvers.validation.memory_runs import load_memory_rows
+
+    with open(MEMORY_PEAKS, newline="", encoding="utf-8") as handle:
+        header, first = handle.readline(), handle.readline()
+    bad = tmp_path / "peaks.csv"
+    bad.write_text(header + first.replace("reserved_peak", "peak_of_something"), encoding="utf-8")
+    with pytest.raises(InputError, match="row 0"):
+        load_memory_rows(bad)
+    bad.write_text("source,url\nx,https://x\n", encoding="utf-8")
+    with pytest.raises(InputError, match="missing columns: counter, measured_gib"):
+        load_memory_rows(bad)

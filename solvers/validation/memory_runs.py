@@ -93,7 +93,11 @@ def load_memory_rows(path: Path = MEMORY_PEAKS) -> list[MemoryRow]:
     from solvers.validation.crossval import reference_runs
 
     with open(path, newline="", encoding="utf-8") as handle:
-        raw = list(csv.DictReader(handle))
+        reader = csv.DictReader(handle)
+        missing = [c for c in ("source", "url", "counter", "measured_gib") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputError(str(path), "<header>", f"missing columns: {', '.join(missing)} (docs/memory.md)")
+        raw = list(reader)
     runs = None
     out = []
     for i, r in enumerate(raw):
@@ -109,10 +113,14 @@ def load_memory_rows(path: Path = MEMORY_PEAKS) -> list[MemoryRow]:
                 instance, placement = run.instance, run.placement
             else:
                 instance, placement = _explicit(i, r)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise InputError(str(path), f"row {i}", f"cannot build the run: {exc}") from None
-        out.append(MemoryRow(i, r["source"].strip(), r["url"].strip(), counter, stage, float(r["measured_gib"]),
-                             instance, placement, r.get("notes", "")))
+        try:
+            measured = float(r["measured_gib"])
+        except ValueError:
+            raise InputError(str(path), f"row {i}.measured_gib", f"expected GiB, got {r['measured_gib']!r}") from None
+        out.append(MemoryRow(i, r["source"].strip(), r["url"].strip(), counter, stage, measured, instance, placement,
+                             r.get("notes", "")))
     return out
 
 
