@@ -83,12 +83,17 @@ def test_fused_cross_entropy_keeps_bf16_logits_and_one_fp32_copy():
 
 def test_deepspeed_bf16_optimizer_keeps_a_whole_fp32_gradient_buffer():
     # DeepSpeed bf16_optimizer.py: fp32_groups_gradients_flat is zeros_like(the whole flat bf16 group), beside the
-    # bf16 gradients; fp32 master weights and Adam moments are the dp-partitioned part
+    # bf16 gradients; fp32 master weights and Adam moments are the dp-partitioned part (kept at DeepSpeed's fp16
+    # accounting of 16 bytes, 4 more than the bf16 optimizer's 12)
     inst = _instance(stack="megatron-deepspeed", tp=1, pp=1, dp=8)
-    assert inst.training.bytes_per_param_state == (2.0, 6.0, 12.0)
+    assert inst.training.bytes_per_param_state == (2.0, 2.0, 16.0)  # what the time model reads: 16-bit reduction
     stage = evaluate(inst, _placement(inst, 1, 1, 8)).stages[0].memory
-    assert stage.gradients_gib == pytest.approx(3 * stage.weights_gib)  # 6 bytes against 2, not divided by dp
-    assert stage.optimizer_gib == pytest.approx(stage.weights_gib * 12 / 2 / 8)
+    assert stage.gradients_gib == pytest.approx(3 * stage.weights_gib)  # 2 + 4 bytes against 2, not divided by dp
+    assert stage.optimizer_gib == pytest.approx(stage.weights_gib * 16 / 2 / 8)
+    fp16 = instance_from_dict({**_dict("megatron-deepspeed"), "training": {
+        **_dict("megatron-deepspeed")["training"], "precision": "fp16"}}, "test")
+    assert evaluate(fp16, _placement(fp16, 1, 1, 8)).stages[0].memory.gradients_gib == pytest.approx(
+        stage.weights_gib)  # the fp16 ZeRO-1 optimizer partitions its fp32 gradients: 16-bit ones only
     # after the backward, engine.allreduce_bucket flattens the whole fp32 gradient buffer into a new tensor (4 bytes
     # per parameter, twice the bf16 weights) while the activations are gone: with full recompute it is the peak
     assert stage.activations_gib + stage.buffers_gib == pytest.approx(2 * stage.weights_gib)

@@ -171,18 +171,14 @@ def test_collective_efficiency_matches_nccl_tests():
 
 
 def test_deepspeed_zero1_memory():
-    """Megatron-DeepSpeed ZeRO-1: in fp16, 16-bit gradients and an fp32 gradient partition (2 + 2 + 16/dp bytes per
-    parameter against Megatron's 2 + 4 + 12/dp); in bf16, DeepSpeed's BF16_Optimizer with the whole model's fp32
-    gradients beside the bf16 ones (2 + 6 + 12/dp); and two 5e8-element 16-bit bucket buffers (DeepSpeed's
+    """Megatron-DeepSpeed ZeRO-1: 16-bit gradients and an fp32 gradient partition (2 + 2 + 16/dp bytes per
+    parameter against Megatron's 2 + 4 + 12/dp) and two 5e8-element 16-bit bucket buffers (DeepSpeed's
     documented reduce_bucket_size and allgather_bucket_size): 2 GB of buffers."""
     data = small_instance_dict()
     mega = build_instance(data)
     data["training"]["software_stack"] = "megatron-deepspeed"
     ds = build_instance(data)
-    assert ds.training.bytes_per_param_state == ((2.0, 2.0, 16.0) if ds.training.precision == "fp16"
-                                                 else (2.0, 6.0, 12.0))
-    fp16 = build_instance({**data, "training": {**data["training"], "precision": "fp16"}})
-    assert fp16.training.bytes_per_param_state == (2.0, 2.0, 16.0)
+    assert ds.training.bytes_per_param_state == (2.0, 2.0, 16.0)
     assert not ds.training.overlap_grad_reduce and not ds.training.overlap_param_gather
     p = Placement(tp=1, pp=1, cp=1, dp=8, vpp=1, micro_batch_size=1, recompute="none", zero_stage=1,
                   layers_per_stage=(8,), gpus=tuple(range(8)))

@@ -97,15 +97,9 @@ class TrainingJob:
         fp16 params and grads 2 + 2 + 16 (fp32 master params, main grads, Adam m and v) = 20.
         FP8 training (Transformer Engine, torchao) keeps bf16 parameters with fp32 main grads as bf16 does; its
         FP8 weight copies are buffers (memory model (M6)).
-        Megatron-DeepSpeed in fp16 (DeepSpeed's ZeRO-1 optimizer, stage_1_and_2.py) keeps 16-bit gradients and an
-        fp32 gradient partition beside the fp32 master weights and Adam moments: 2 + 2 + 16. In bf16, DeepSpeed
-        wraps Adam in its BF16_Optimizer (bf16_optimizer.py, chosen for bf16 with ZeRO stage 0-1 and fp32
-        gradient accumulation), which allocates an fp32 gradient buffer the size of the whole local model
-        (`fp32_groups_gradients_flat`, not partitioned) beside the bf16 gradients the backward writes: 2 + (2 + 4)
-        + 12, only the master weights and moments partitioned (docs/memory.md).
+        Megatron-DeepSpeed (DeepSpeed ZeRO-1 / bf16 optimizer) keeps 16-bit gradients and an fp32 gradient
+        partition beside the fp32 master weights and Adam moments: 2 + 2 + 16 in either 16-bit precision.
         """
-        if self.software_stack == "megatron-deepspeed" and self.precision != "fp16":
-            return (2.0, 6.0, 12.0)
         if self.precision == "fp16" or self.software_stack == "megatron-deepspeed":
             return (2.0, 2.0, 16.0)
         return (2.0, 4.0, 12.0)

@@ -253,6 +253,7 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     # (M1)-(M3) weights, gradients, optimizer state
     w_div = shard if p.zero_stage >= 3 else 1
     o_div = shard if p.zero_stage >= 1 else 1
+    g_bytes += bf16_optimizer_fp32_grad_bytes(job, p)
     per_layer = (layer_params * w_bytes / w_div, layer_params * g_bytes / w_div, layer_params * o_bytes / o_div)
     if moe_cost.is_moe(model):  # (EM1) experts split by ep x etp, their optimizer over expert data parallelism
         per_layer = moe_memory.layer_state_bytes(instance, p, kind)
@@ -328,6 +329,18 @@ def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: M
                        limit_gib=instance.training.memory_limit_fraction * gpu_type.memory_gib,
                        capacity_gib=gpu_type.memory_gib, context_gib=context, nccl_gib=nccl,
                        workspace_gib=max(0.0, workspace))
+
+
+def bf16_optimizer_fp32_grad_bytes(job, p) -> float:
+    """(M1)-(M3) Megatron-DeepSpeed in bf16 with ZeRO 0-1: DeepSpeed wraps Adam in its BF16_Optimizer
+    (`deepspeed/runtime/bf16_optimizer.py`), whose `fp32_groups_gradients_flat` is `torch.zeros_like` of the whole
+    flat bf16 parameter group: fp32 gradients of the whole local model, 4 bytes per parameter, beside the bf16
+    gradients the backward writes (the 2 of `bytes_per_param_state`). Its fp32 master weights and moments are the
+    partitioned 12 bytes; the model keeps DeepSpeed's fp16 accounting of 16 / dp there (the step time reads the
+    parameter count from it), 4 / dp bytes more than the bf16 optimizer holds. 0 elsewhere."""
+    if job.software_stack in DEEPSPEED and job.precision != "fp16" and p.zero_stage < 2:
+        return 4.0
+    return 0.0
 
 
 def gradient_reduction_copy_gib(job, p, weights_gib: float) -> float:
