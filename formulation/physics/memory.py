@@ -1,7 +1,10 @@
-"""Memory per GPU of every pipeline stage (docs/model.md (M1)-(M7)).
+"""Memory per GPU of every pipeline stage (docs/model.md (M1)-(M8)), and what each counter would read.
 
 All quantities are bytes per GPU. The formulas are written so that each stage's memory is an affine
-function of its layer count for a fixed configuration: the exact program relies on that.
+function of its layer count for a fixed configuration, except Megatron-DeepSpeed in bf16, whose stage peaks at
+the larger of two affine functions (its gradient-reduction copy, (M8)); the exact program and `layer_capacity` ask
+`stage_memory` which layer counts fit, so both stay exact, and the lower bounds that read memory off a line
+(solvers/bounds/kinds.py, models with dense and MoE layers) only allow more.
 """
 
 from __future__ import annotations
