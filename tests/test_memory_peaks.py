@@ -146,3 +146,22 @@ def test_a_bad_memory_file_is_one_line_naming_the_row(tmp_path):
     bad.write_text("source,url\nx,https://x\n", encoding="utf-8")
     with pytest.raises(InputError, match="missing columns: counter, measured_gib"):
         load_memory_rows(bad)
+
+
+def test_exact_program_equals_brute_force_where_the_reduction_copy_is_the_peak():
+    # a stage of Megatron-DeepSpeed in bf16 peaks at the larger of two lines in its layer count; the exact program
+    # reads which counts fit from stage_memory, so it still finds the brute force's optimum (tests/test_exact.py)
+    from test_exact import brute_force, small_instance
+    from formulation.physics.memory import gradient_reduction_copy_gib
+    from solvers import solve
+
+    data, node_level = small_instance(3)
+    data["training"].update(software_stack="megatron-deepspeed", recompute=["full"], seq_length=512, zero_stage=[0, 1])
+    data["model"]["vocab_size"] = 8000
+    inst = instance_from_dict(data, "test")
+    result = solve(inst, solver="cpsat", time_limit=120)
+    assert result.solver.status == "optimal"
+    assert result.estimate.iteration_time_s == pytest.approx(brute_force(inst, data, node_level), rel=1e-6)
+    p = result.placement
+    assert any(gradient_reduction_copy_gib(inst.training, p, s.memory.weights_gib)
+               >= s.memory.activations_gib + s.memory.buffers_gib - 1e-12 for s in result.estimate.stages)
