@@ -119,8 +119,10 @@ def test_measured_peaks_held_out_by_source_within_the_target():
         assert st["median_abs_error"] <= TARGET_MEDIAN_ABS_ERROR, counter
 
 
-def test_no_measured_run_is_put_over_its_gpu_memory():
+def test_no_measured_run_is_put_over_its_gpu_memory_and_every_measured_oom_is_called():
     assert over_capacity_runs() == []
+    ooms = validate_memory_peaks()["measured_oom"]
+    assert ooms and not any(o["predicted_to_fit"] for o in ooms)
 
 
 def test_plan_estimates_carry_each_counter():

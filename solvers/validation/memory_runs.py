@@ -37,7 +37,7 @@ class MemoryRow:
     url: str
     counter: str
     stage: str
-    measured_gib: float
+    measured_gib: float | None  # None: the run measured out of memory (`measured_gib` OOM)
     instance: Instance
     placement: Placement
     notes: str
@@ -68,13 +68,16 @@ def _explicit(index: int, r: dict) -> tuple[Instance, Placement]:
         "model": {"name": r["model"], "num_hidden_layers": _int(r, "layers"), "hidden_size": hidden,
                   "intermediate_size": ffn, "num_attention_heads": heads,
                   "num_key_value_heads": _int(r, "kv_heads", heads), "vocab_size": _int(r, "vocab"),
-                  "hidden_act": (r.get("hidden_act") or "silu").strip(), "dropout": _flag(r, "dropout")},
+                  "hidden_act": (r.get("hidden_act") or "silu").strip(), "dropout": _flag(r, "dropout"),
+                  **({"head_dim": _int(r, "head_dim")} if (r.get("head_dim") or "").strip() else {})},
         "training": {"global_batch_size": _int(r, "gbs"), "seq_length": _int(r, "seq"),
                      "precision": r["precision"].strip(), "recompute": [recompute], "zero_stage": [_int(r, "zero")],
                      "max_micro_batch_size": mbs, "context_parallel_sizes": [cp], "virtual_pipeline_sizes": [vpp],
                      "flash_attention": _flag(r, "flash_attention"), "sequence_parallel": _flag(r, "sequence_parallel"),
                      "software_stack": r["software_stack"].strip(), "memory_limit_fraction": 1.0,
-                     "fused_cross_entropy": r["software_stack"].strip() not in ("torchtitan",)},
+                     "fused_cross_entropy": r["software_stack"].strip() not in ("torchtitan",),
+                     # torchtitan rows say whether the blocks and the loss were compiled
+                     **{k: _flag(r, k) for k in ("torch_compile", "compiled_loss") if (r.get(k) or "").strip()}},
         "cluster": {"gpu_types": {r["gpu_type"]: {"preset": r["gpu_type"]}},
                     "nodes": [{"count": max(1, math.ceil(n_gpus / 8)), "prefix": "n", "gpu_type": r["gpu_type"],
                                "gpus": min(8, n_gpus)}],
@@ -116,7 +119,7 @@ def load_memory_rows(path: Path = MEMORY_PEAKS) -> list[MemoryRow]:
         except (ValueError, KeyError, TypeError) as exc:
             raise InputError(str(path), f"row {i}", f"cannot build the run: {exc}") from None
         try:
-            measured = float(r["measured_gib"])
+            measured = None if r["measured_gib"].strip().upper() == "OOM" else float(r["measured_gib"])
         except ValueError:
             raise InputError(str(path), f"row {i}.measured_gib", f"expected GiB, got {r['measured_gib']!r}") from None
         out.append(MemoryRow(i, r["source"].strip(), r["url"].strip(), counter, stage, measured, instance, placement,
@@ -137,8 +140,15 @@ def predicted_gib(row: MemoryRow) -> float:
 def validate_memory_peaks(path: Path = MEMORY_PEAKS) -> dict:
     """Predicted / measured - 1 per row, and the median |error| per source, per counter and pooled. Held out by
     source: nothing is fitted on these rows (module docstring), so each source's figure is out of sample."""
-    rows = []
+    rows, ooms = [], []
     for r in load_memory_rows(path):
+        if r.measured_gib is None:  # an out-of-memory run: right if some stage's nvidia-smi figure exceeds the GPU
+            stages = [s.memory for s in evaluate(r.instance, r.placement, check=False).stages]
+            worst = max(stages, key=lambda m: m.total_gib - m.capacity_gib)
+            ooms.append({"row": r.row, "source": r.source, "model": r.instance.model.name,
+                         "predicted_gib": worst.total_gib, "capacity_gib": worst.capacity_gib,
+                         "predicted_to_fit": worst.total_gib <= worst.capacity_gib})
+            continue
         predicted = predicted_gib(r)
         rows.append({"row": r.row, "source": r.source, "counter": r.counter, "stage": r.stage,
                      "model": r.instance.model.name, "measured_gib": r.measured_gib, "predicted_gib": predicted,
@@ -152,13 +162,16 @@ def validate_memory_peaks(path: Path = MEMORY_PEAKS) -> dict:
 
     by = lambda key: {k: stats([x for x in rows if x[key] == k]) for k in sorted({x[key] for x in rows})}  # noqa: E731
     return {"rows": rows, "by_source": by("source"), "by_counter": by("counter"), "pooled": stats(rows),
-            "sources": len({x["source"] for x in rows}), "target_median_abs_error": TARGET_MEDIAN_ABS_ERROR}
+            "sources": len({x["source"] for x in rows}), "target_median_abs_error": TARGET_MEDIAN_ABS_ERROR,
+            "measured_oom": ooms}
 
 
 def over_capacity_runs(path: Path = MEMORY_PEAKS) -> list[dict]:
     """Measured memory rows (the runs ran) whose nvidia-smi figure the model puts over the GPU's memory."""
     out = []
     for r in load_memory_rows(path):
+        if r.measured_gib is None:
+            continue
         stages = [s.memory for s in evaluate(r.instance, r.placement, check=False).stages]
         worst = max(stages, key=lambda m: m.total_gib - m.capacity_gib)
         if worst.total_gib > worst.capacity_gib:

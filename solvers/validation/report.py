@@ -127,6 +127,10 @@ def print_memory_peaks(result: dict, console: Console) -> None:
         table.add_row("pooled", counter, str(st["rows"]), _pct(st["median_error"], True), _pct(st["median_abs_error"]),
                       _pct(st["max_abs_error"]), style="bold")
     console.print(table)
+    for oom in result.get("measured_oom", []):
+        verdict = "predicted to FIT (a miss)" if oom["predicted_to_fit"] else "predicted out of memory (right)"
+        console.print(f"memory row {oom['row']} ({oom['source']}) measured out of memory: "
+                      f"{oom['predicted_gib']:.1f} GiB predicted against {oom['capacity_gib']:.1f} GiB, {verdict}")
     over = result.get("ran_over_capacity", [])
     console.print(f"measured runs (they ran) put over their GPU's memory: {len(over)}"
                   + (f" (rows {', '.join(str(o['row']) for o in over)})" if over else ""))
