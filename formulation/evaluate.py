@@ -70,6 +70,9 @@ class Estimate:
             mem = d.pop("memory")
             mem.pop("stage")
             mem["total_gib"] = s.memory.total_gib
+            # what each counter would read (docs/model.md (M8)): nvidia-smi is total_gib
+            mem["allocated_peak_gib"] = s.memory.allocated_gib
+            mem["reserved_peak_gib"] = s.memory.reserved_gib
             mem["fits"] = s.memory.fits
             d["time_per_micro_batch_s"] = s.time_per_micro_batch_s
             d["memory"] = mem

@@ -1,7 +1,10 @@
-"""Memory per GPU of every pipeline stage (docs/model.md (M1)-(M7)).
+"""Memory per GPU of every pipeline stage (docs/model.md (M1)-(M8)), and what each counter would read.
 
 All quantities are bytes per GPU. The formulas are written so that each stage's memory is an affine
-function of its layer count for a fixed configuration: the exact program relies on that.
+function of its layer count for a fixed configuration, except Megatron-DeepSpeed in bf16, whose stage peaks at
+the larger of two affine functions (its gradient-reduction copy, (M8)); the exact program and `layer_capacity` ask
+`stage_memory` which layer counts fit, so both stay exact, and the lower bounds that read memory off a line
+(solvers/bounds/kinds.py, models with dense and MoE layers) only allow more.
 """
 
 from __future__ import annotations
@@ -26,11 +29,33 @@ class StageMemory:
     overhead_gib: float  # CUDA context / NCCL + fragmentation
     limit_gib: float  # memory_limit_fraction x the GPU's memory (smallest GPU of the stage)
     capacity_gib: float  # the GPU's memory (smallest GPU of the stage)
+    context_gib: float = 0.0  # (M8) CUDA context: outside PyTorch's allocator, part of overhead_gib
+    nccl_gib: float = 0.0  # (M8) NCCL's channel buffers (cudaMalloc'd by NCCL): part of overhead_gib
+    workspace_gib: float = 0.0  # (M8) cuBLAS / Transformer Engine workspaces: allocated tensors, part of overhead_gib
 
     @property
     def total_gib(self) -> float:
+        """What nvidia-smi shows for the process (the `nvidia_smi` counter), and what must fit."""
         return (self.weights_gib + self.gradients_gib + self.optimizer_gib + self.activations_gib
                 + self.buffers_gib + self.overhead_gib)
+
+    @property
+    def allocated_gib(self) -> float:
+        """(M8) `torch.cuda.max_memory_allocated`: the tensors alive at the peak (the `allocated_peak` counter)."""
+        return (self.weights_gib + self.gradients_gib + self.optimizer_gib + self.activations_gib
+                + self.buffers_gib + self.workspace_gib)
+
+    @property
+    def reserved_gib(self) -> float:
+        """(M8) `torch.cuda.max_memory_reserved` (the `reserved_peak` counter; torchtitan's `memory:` figure): what
+        the caching allocator holds, i.e. everything but the CUDA context and NCCL's own buffers (the workspaces are
+        allocated tensors, inside it)."""
+        return self.total_gib - self.context_gib - self.nccl_gib
+
+    def counter_gib(self, counter: str) -> float:
+        """The figure a run measured with `counter`: allocated_peak, reserved_peak or nvidia_smi."""
+        return {"allocated_peak": self.allocated_gib, "reserved_peak": self.reserved_gib,
+                "nvidia_smi": self.total_gib}[counter]
 
     @property
     def fits(self) -> bool:
@@ -231,6 +256,7 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     # (M1)-(M3) weights, gradients, optimizer state
     w_div = shard if p.zero_stage >= 3 else 1
     o_div = shard if p.zero_stage >= 1 else 1
+    g_bytes += bf16_optimizer_fp32_grad_bytes(job, p)
     per_layer = (layer_params * w_bytes / w_div, layer_params * g_bytes / w_div, layer_params * o_bytes / o_div)
     if moe_cost.is_moe(model):  # (EM1) experts split by ep x etp, their optimizer over expert data parallelism
         per_layer = moe_memory.layer_state_bytes(instance, p, kind)
@@ -293,8 +319,81 @@ def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: M
 
     weights, grads, optim = gib("weights"), gib("gradients"), gib("optimizer")
     acts, bufs = gib("activations"), gib("buffers")
+    # (M8) DeepSpeed's gradient all-reduce flattens the fp32 gradients into a copy after the backward, when the
+    # activations are gone: the stage peaks at the larger of the two
+    bufs += max(0.0, gradient_reduction_copy_gib(instance.training, p, weights) - (acts + bufs))
     frag = gpu_type.fragmentation_fraction * (acts + bufs)
+    # (M8) the runtime overhead's parts outside the caching allocator, and the workspaces inside it; the rest of it
+    # (cuDNN, the allocator's cached free blocks) is reserved memory
+    context, nccl = outside_allocator_gib(p, gpu_type.runtime_overhead_gib)
+    workspace = min(workspace_gib(instance.training, gpu_type), gpu_type.runtime_overhead_gib - context - nccl)
     return StageMemory(stage=stage, weights_gib=weights, gradients_gib=grads, optimizer_gib=optim,
                        activations_gib=acts, buffers_gib=bufs, overhead_gib=gpu_type.runtime_overhead_gib + frag,
                        limit_gib=instance.training.memory_limit_fraction * gpu_type.memory_gib,
-                       capacity_gib=gpu_type.memory_gib)
+                       capacity_gib=gpu_type.memory_gib, context_gib=context, nccl_gib=nccl,
+                       workspace_gib=max(0.0, workspace))
+
+
+def bf16_optimizer_fp32_grad_bytes(job, p) -> float:
+    """(M1)-(M3) Megatron-DeepSpeed in bf16 with ZeRO 0-1: DeepSpeed wraps Adam in its BF16_Optimizer
+    (`deepspeed/runtime/bf16_optimizer.py`), whose `fp32_groups_gradients_flat` is `torch.zeros_like` of the whole
+    flat bf16 parameter group: fp32 gradients of the whole local model, 4 bytes per parameter, beside the bf16
+    gradients the backward writes (the 2 of `bytes_per_param_state`). Its fp32 master weights and moments are the
+    partitioned 12 bytes; the model keeps DeepSpeed's fp16 accounting of 16 / dp there (the step time reads the
+    parameter count from it), 4 / dp bytes more than the bf16 optimizer holds. 0 elsewhere."""
+    if job.software_stack in DEEPSPEED and job.precision != "fp16" and p.zero_stage < 2:
+        return 4.0
+    return 0.0
+
+
+def gradient_reduction_copy_gib(job, p, weights_gib: float) -> float:
+    """(M8) DeepSpeed's bf16 optimizer reduces the whole fp32 gradient buffer with the engine's
+    `buffered_allreduce_fallback`, whose `allreduce_bucket` flattens each bucket (`_flatten_dense_tensors`, a new
+    tensor): the buffer is one flat tensor per parameter group, past the 5e8-element bucket limit, so the copy is the
+    whole local model's fp32 gradients, 4 bytes per parameter (twice the bf16 weights). 0 on other stacks."""
+    if job.software_stack in DEEPSPEED and job.precision != "fp16" and p.zero_stage < 2:
+        return 2.0 * weights_gib
+    return 0.0
+
+
+CUBLAS_WORKSPACE_BYTES = (4096 * 1024 * 8, 4096 * 1024 * 2 + 16 * 1024 * 8)  # Hopper and later, earlier GPUs
+TE_WORKSPACE_BYTES = (32 * 1024 * 1024, 4 * 1024 * 1024)
+
+
+def workspace_gib(job, gpu_type) -> float:
+    """(M8) Workspaces PyTorch's allocator hands out once and keeps: cuBLAS's (PyTorch's CublasHandlePool default,
+    CUBLAS_WORKSPACE_CONFIG ":4096:8" on Hopper, ":4096:2:16:8" before) and, on the Megatron stacks, Transformer
+    Engine's cuBLASLt workspace (32 MiB on Hopper, 4 MiB before). A GPU with FP8 tensor cores counts as Hopper."""
+    hopper = 0 if gpu_type.peak_fp8_tflops > 0 else 1
+    te = TE_WORKSPACE_BYTES[hopper] if job.software_stack not in PYTORCH_STACKS else 0
+    return (CUBLAS_WORKSPACE_BYTES[hopper] + te) / GIB
+
+
+# (M8) NCCL's per-connection buffers, one per protocol (src/init.cc): Simple NCCL_BUFFSIZE (4 MiB), LL
+# 8 lines x 512 threads x 8 steps x 16 bytes (512 KiB), LL128 120 elements x 640 threads x 8 steps x 8 bytes.
+NCCL_SIMPLE_BYTES = 1 << 22
+NCCL_LL_BYTES = 8 * 512 * 8 * 16
+NCCL_LL128_BYTES = 120 * 640 * 8 * 8
+NCCL_RING_CHANNELS = 16  # assumed channels of a collective communicator on NVLink (NCCL picks 8-32)
+NCCL_P2P_CHANNELS_PER_PEER = 2  # NCCL_NCHANNELS_PER_NET_PEER's default; pipeline send/recv
+CUDA_CONTEXT_GIB = 0.5  # CUDA context with lazy module loading (CUDA 11.7+, PyTorch's default), assumed
+
+
+def nccl_buffer_bytes(channels: int, peers: int, buffsize: int = NCCL_SIMPLE_BYTES) -> float:
+    """(M8) Bytes NCCL allocates for `channels` channels to `peers` peers: every connection holds one buffer per
+    protocol (LL, LL128, Simple), on one side of the link."""
+    return channels * peers * (buffsize + NCCL_LL_BYTES + NCCL_LL128_BYTES)
+
+
+def outside_allocator_gib(p, runtime_overhead_gib: float) -> tuple[float, float]:
+    """(M8) (CUDA context, NCCL buffers) of a rank of configuration `p`, in GiB: a ring (one connection per channel)
+    for each collective group larger than one (tp, cp, the data-parallel group dp x cp), two pipeline peers.
+    Both are part of `runtime_overhead_gib` (the nvidia-smi figure keeps it whole); scaled down to fit in it
+    where a GPU type sets a smaller overhead."""
+    groups = sum(1 for size in (p.tp, p.cp, p.dp * p.cp) if size > 1)
+    nccl = groups * nccl_buffer_bytes(NCCL_RING_CHANNELS, 1)
+    if p.pp > 1:
+        nccl += nccl_buffer_bytes(NCCL_P2P_CHANNELS_PER_PEER, 2)
+    context, nccl = CUDA_CONTEXT_GIB, nccl / GIB
+    scale = min(1.0, runtime_overhead_gib / (context + nccl)) if context + nccl > 0 else 1.0
+    return context * scale, nccl * scale

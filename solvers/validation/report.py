@@ -172,3 +172,28 @@ def print_ablation(rows: list[dict], console: Console) -> None:
                       _pct(r["memory_median_abs_error"]), str(r["ran_predicted_oom"]),
                       ", ".join(r["sources_beyond_10_percent"]) or "none")
     console.print(table)
+
+
+def print_memory_peaks(result: dict, console: Console) -> None:
+    """Measured peak memory per source and counter (solvers/validation/memory_runs.py): held out by source."""
+    from statistics import median
+
+    table = _table_of("peak memory, each source held out: predicted / measured - 1 (docs/memory.md)",
+                      ["source", "counter", "rows", "median signed", "median |error|", "max |error|"])
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in result["rows"]:
+        groups.setdefault((r["source"], r["counter"]), []).append(r["error"])
+    for (source, counter), errors in sorted(groups.items()):
+        table.add_row(source, counter, str(len(errors)), _pct(median(errors), True),
+                      _pct(median(abs(e) for e in errors)), _pct(max(abs(e) for e in errors)))
+    for counter, st in [*result["by_counter"].items(), ("all", result["pooled"])]:
+        table.add_row("pooled", counter, str(st["rows"]), _pct(st["median_error"], True), _pct(st["median_abs_error"]),
+                      _pct(st["max_abs_error"]), style="bold")
+    console.print(table)
+    for oom in result.get("measured_oom", []):
+        verdict = "predicted to FIT (a miss)" if oom["predicted_to_fit"] else "predicted out of memory (right)"
+        console.print(f"memory row {oom['row']} ({oom['source']}) measured out of memory: "
+                      f"{oom['predicted_gib']:.1f} GiB predicted against {oom['capacity_gib']:.1f} GiB, {verdict}")
+    over = result.get("ran_over_capacity", [])
+    console.print(f"measured runs (they ran) put over their GPU's memory: {len(over)}"
+                  + (f" (rows {', '.join(str(o['row']) for o in over)})" if over else ""))

@@ -1,7 +1,7 @@
 """`solve validate` (predicted vs measured runs and memory) and `solve calibrate` (fit efficiencies).
 
     solve validate [--runs FILE.csv] [--in-sample] [--few-shot] [--calibration CAL.json] [--rows] [--json]
-                   [--write-intervals]
+                   [--write-intervals] [--memory-only]
     solve calibrate --runs MINE.csv --output CAL.json    (three knobs fitted on your own runs)
     solve calibrate [--write]                             (the packaged per-chip efficiencies)
 
@@ -36,7 +36,9 @@ from solvers.validation import crossval, evidence, fewshot
 from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
-from solvers.validation.report import mode_label, print_ablation, print_few_shot, print_predicted_rows, print_summary
+from solvers.validation.memory_runs import over_capacity_runs, validate_memory_peaks
+from solvers.validation.report import (mode_label, print_ablation, print_few_shot, print_memory_peaks,
+                                       print_predicted_rows, print_summary)
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
@@ -235,6 +237,8 @@ def main(command: str, argv: list[str]) -> int:
                             "evidence (held out by source, cluster and stack) and what each stack was measured on, "
                             "as the prediction interval every estimate carries (package data; reference runs only)")
         parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
+        parser.add_argument("--memory-only", action="store_true", help="only the measured peak memory per source "
+                            "and counter (published_memory_peaks.csv; seconds, no cross-validation of times)")
         parser.add_argument("--plot", metavar="FILE.png", help="write predicted-vs-measured plot (with --rows)")
     else:
         parser.add_argument("--output", type=Path, metavar="CAL.json", help="fit the three user knobs (compute "
@@ -280,6 +284,13 @@ def _validate(args) -> int:
     from rich.console import Console
 
     console = Console(width=max(Console().width, 120))
+    if args.memory_only:
+        peaks = {**validate_memory_peaks(), "ran_over_capacity": over_capacity_runs()}
+        if args.json:
+            print(json.dumps({"memory_peaks": peaks}, indent=2, default=str))
+        else:
+            print_memory_peaks(peaks, console)
+        return 0
     runs = crossval.reference_runs() if args.runs is None else users_runs(args.runs)
     adjust, cal = None, None
     if args.calibration:
@@ -310,9 +321,12 @@ def _validate(args) -> int:
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
     rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
+    # measured peaks (published_memory_peaks.csv): nothing of the memory model is fitted on them, so each source's
+    # figure is held out; and the runs that ran but are put over their GPU's memory (must be none)
+    peaks = {**validate_memory_peaks(), "ran_over_capacity": over_capacity_runs()} if args.runs is None else None
     if args.json:
         print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions, bands), "few_shot": few, "ablation": ablated, "rows": rows,
-                          "memory": memory},
+                          "memory": memory, "memory_peaks": peaks},
                          indent=2, default=str))
         return 0
     if rows:
@@ -320,6 +334,8 @@ def _validate(args) -> int:
         if args.plot:
             _plot(rows, args.plot)
     print_summary(summary, mode, console)
+    if peaks:
+        print_memory_peaks(peaks, console)
     if any(not p.run.fitted for p in predictions):
         print_predicted_rows(predictions, console)
     if few:
