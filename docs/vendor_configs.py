@@ -22,7 +22,7 @@ import dataclasses
 import statistics
 
 from formulation.evaluate import evaluate
-from solvers.solve import solve
+from solvers.strategy import solve
 from solvers.validation.crossval import reference_runs, source_family
 
 VENDOR_FAMILIES = ("NVIDIA DGX Cloud benchmarking", "NeMo performance summary", "NeMo long-sequence performance",

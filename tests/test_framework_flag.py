@@ -66,7 +66,9 @@ def test_the_torchtitan_plan_is_one_torchtitan_runs_and_its_export_has_no_mismat
         assert run.placement == p and run.notes == ()
         assert run.estimate.iteration_time_s == plan.estimate.iteration_time_s
     written = export_plan(titan, plan, tmp_path / "out")
-    assert "NOTE" not in written["torchtitan_args.sh"].read_text()
+    # no note that the placement runs otherwise (a note on the model flavour may remain: llama3-8b has no rope
+    # scaling where torchtitan's 8B flavour has it)
+    assert "cannot run as planned" not in written["torchtitan_args.sh"].read_text()
     assert "cannot run as planned" not in written["torchtitan-0.2.toml"].read_text()
 
     # the stack alone with the instance's zero_stage [1]: a plan (the best default placement, quick to find)

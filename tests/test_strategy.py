@@ -7,7 +7,7 @@ import pytest
 from conftest import REPO, run_solve, small_instance_dict
 from formulation import instance_from_dict
 from solvers import solve
-from solvers.solve import SOLVER_ALIASES, strategy
+from solvers.strategy import SOLVER_ALIASES, strategy
 
 
 @pytest.mark.parametrize("solver, expected", [("auto", ("auto", "auto")), ("cbc", ("auto", "cbc")),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from formulation.evaluate import evaluate
-from solvers.solve import solve
+from solvers.strategy import solve
 from solvers.validation.crossval import reference_runs
 
 SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "vendor_configs.py"

@@ -36,7 +36,7 @@ from solvers.outputs.report import estimate_warnings, print_report, terminal_con
 from solvers.result import with_caveats
 from solvers.search.driver import NoPlanInTime
 from solvers.search.uniform import MAX_EXACT_SIZE
-from solvers.solve import BACKENDS, METHODS, SOLVER_ALIASES, strategy
+from solvers.strategy import BACKENDS, METHODS, SOLVER_ALIASES, strategy
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -34,7 +34,7 @@ from formulation.inputs.instance import read_document
 from formulation.mfu_ceiling import mfu_check
 from solvers.search.objectives import price_per_s
 from solvers.search.driver import NoPlanInTime
-from solvers.solve import solve
+from solvers.strategy import solve
 
 AXES = ("model", "gpu_type", "nodes", "global_batch_size", "seq_length", "objective")
 # Measured network details name nodes of the base cluster; a cell with another node count keeps the level

@@ -307,13 +307,7 @@ def _validate(args) -> int:
     by_holdout = None if in_sample else evidence.holdouts(runs, progress, adjust)
     predictions = by_holdout["source"] if by_holdout else crossval.cross_validate(runs, in_sample=True,
                                                                                    progress=progress, adjust=adjust)
-    summary = crossval.summarize(predictions)
-    bands = evidence.prediction_bands(predictions, held_out=by_holdout is not None)
-    summary["regret"] = evidence.regret(predictions)
-    summary["coverage_by_level"] = (evidence.level_coverage(by_holdout) if by_holdout else
-                                    {"stored": evidence.band_coverage(predictions, bands)})
-    if by_holdout:
-        summary["stack_holdout_median_error"] = evidence.stack_spread(by_holdout["stack"])
+    summary, bands = _held_out_summary(predictions, by_holdout)
     few = fewshot.few_shot_table(predictions) if args.few_shot else []
     if args.write_intervals:
         path = write_intervals(by_holdout, summary, mode, runs)
@@ -325,8 +319,8 @@ def _validate(args) -> int:
     # figure is held out; and the runs that ran but are put over their GPU's memory (must be none)
     peaks = {**validate_memory_peaks(), "ran_over_capacity": over_capacity_runs()} if args.runs is None else None
     if args.json:
-        print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions, bands), "few_shot": few, "ablation": ablated, "rows": rows,
-                          "memory": memory, "memory_peaks": peaks},
+        print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions, bands),
+                          "few_shot": few, "ablation": ablated, "rows": rows, "memory": memory, "memory_peaks": peaks},
                          indent=2, default=str))
         return 0
     if rows:
@@ -343,6 +337,19 @@ def _validate(args) -> int:
     if ablated:
         print_ablation(ablated, console)
     return 0
+
+
+def _held_out_summary(predictions, by_holdout) -> tuple[dict, list]:
+    """The accuracy summary with regret and interval coverage (per evidence level where held out), and the band
+    of every prediction."""
+    summary = crossval.summarize(predictions)
+    bands = evidence.prediction_bands(predictions, held_out=by_holdout is not None)
+    summary["regret"] = evidence.regret(predictions)
+    summary["coverage_by_level"] = (evidence.level_coverage(by_holdout) if by_holdout else
+                                    {"stored": evidence.band_coverage(predictions, bands)})
+    if by_holdout:
+        summary["stack_holdout_median_error"] = evidence.stack_spread(by_holdout["stack"])
+    return summary, bands
 
 
 def _calibrate(args) -> int:
