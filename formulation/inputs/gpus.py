@@ -77,6 +77,15 @@ def gpu_catalog(software_stack: str = "megatron") -> dict[str, dict]:
     return merged
 
 
+def calibration_basis(name: str, software_stack: str = "megatron") -> str | None:
+    """What a catalog type's GEMM efficiency was fitted on (calibration.json's `fitted_on`: the stack's own fit, else
+    the type's Megatron-LM fit, as gpu_catalog merges them); None for a type with no fit, which runs at the
+    uncalibrated `default` (B200, B300, GB200, GB300, MI300X, MI325X, MI355X: no published run of theirs is fitted)."""
+    calibration = _load_json(CALIBRATION_PATH)
+    fit = calibration.get(f"{name}+{software_stack}") or calibration.get(name) or {}
+    return fit.get("fitted_on")
+
+
 def gpu_type_from_dict(name: str, data: dict, file: str, path: str, software_stack: str = "megatron") -> GpuType:
     """A GPU type: `{"preset": catalog-name}` and/or explicit fields; catalog and calibration fill the rest."""
     sec = Section(data, file, path)

@@ -24,7 +24,8 @@ from solvers.validation.runs import Run, is_test_row
 # Which catalog types share a chip (and so a fit), keyed by the type whose rows calibrate it.
 CHIPS = {
     "a100-sxm-80gb": ("a100-sxm-80gb", "a100-sxm-40gb", "a100-pcie-80gb"),
-    "h100-sxm-80gb": ("h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w", "h200-sxm-141gb"),
+    "h100-sxm-80gb": ("h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w", "h200-sxm-141gb", "h200-nvl-141gb",
+                      "h20-96gb"),
     "v100-sxm-32gb": ("v100-sxm-32gb",),
 }
 FITTED = ("matmul_efficiency",)  # per chip and stack; iteration_overhead_s is shared (`default`)
