@@ -13,3 +13,15 @@ recorded("vendor-configs", "docs/validation.md", "python docs/vendor_configs.py"
 # docs/physics.md
 recorded("fixed-parameter-sensitivity", "docs/physics.md",
          "solve validate, with efficiency_half_gflop and attention_efficiency changed in gpu_types.json", "fe03747")
+
+# docs/search-beyond-exact.md
+recorded("bench-irregular", "docs/search-beyond-exact.md", "solve bench --family irregular --seeds 3 --budget 60", "793f4b1")
+recorded("bench-node-matrix", "docs/search-beyond-exact.md",
+         "solve bench --family node-matrix --seeds 3 --budget 10 (and --budget 60)", "548950b")
+recorded("node-sa-t0-rule", "docs/search-beyond-exact.md",
+         "solve bench --family node-matrix --seeds 3 (node-SA with either T0 rule)", "62c78a2")
+
+# docs/mixed-gpu-types.md
+recorded("bench-mixed", "docs/mixed-gpu-types.md", "solve bench --mixed --seeds 3", "c24b0ad")
+recorded("mixed-bounds", "docs/mixed-gpu-types.md",
+         "solve --instance instances/X.json (X in a100_h100_64, mixed_256, mixtral_8x7b_a100_h100_64)", "c24b0ad")
