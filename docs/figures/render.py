@@ -101,6 +101,9 @@ def render(names: list[str] | None = None, costs: tuple[str, ...] = ("cheap", "s
         path = root / doc
         text = path.read_text()
         found = {m["name"]: m for m in blocks(text)}
+        names_here = [m["name"] for m in blocks(text)]
+        problems += [f"{doc}: figure {n} has {names_here.count(n)} blocks" for n in sorted(set(names_here))
+                     if names_here.count(n) > 1]
         for fig in (f for f in figures.values() if f.doc == doc):
             if fig.name not in found:
                 problems.append(f"{doc}: no block for figure {fig.name} (add <!-- figure: {fig.name} --> ... <!-- /figure -->)")
