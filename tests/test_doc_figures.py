@@ -92,7 +92,10 @@ def test_stamped_commits_exist(render):
     for fig in render.discover().values():
         if fig.cost in ("expensive", "recorded"):
             match = next(m for m in render.blocks((ROOT / fig.doc).read_text()) if m["name"] == fig.name)
-            stamped.add(render.STAMP.match(match["body"].splitlines()[0])["commit"].rstrip("+"))
+            lines = match["body"].splitlines()
+            stamp = render.STAMP.match(lines[0]) if lines else None
+            assert stamp, f"{fig.doc}: figure {fig.name} names no command and commit"
+            stamped.add(stamp["commit"].rstrip("+"))
     assert stamped
     for commit in sorted(stamped):
         done = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
