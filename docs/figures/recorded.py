@@ -11,7 +11,6 @@ recorded("fewshot-disagreement", "docs/validation.md", "python docs/fewshot_pair
 recorded("vendor-configs", "docs/validation.md", "python docs/vendor_configs.py", "3a218b3")
 
 # docs/physics.md
-recorded("physics-ablation", "docs/physics.md", "solve validate --ablation", "1d2a892")
 recorded("fixed-parameter-sensitivity", "docs/physics.md",
          "solve validate, with efficiency_half_gflop and attention_efficiency changed in gpu_types.json", "fe03747")
 

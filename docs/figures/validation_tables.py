@@ -93,7 +93,8 @@ def few_shot_quartile_pair() -> str:
     return table(["cluster", "runs predicted", "calibrated on rows", "before", "after two runs"], rows)
 
 
-def ablation() -> str:  # registered as an expensive figure once its block is regenerated
+@figure("physics-ablation", doc="docs/physics.md", cost="expensive", command="solve validate --ablation")
+def ablation() -> str:
     from formulation.physics.cost import PHYSICS_TERMS
 
     rows = []
