@@ -70,6 +70,8 @@ def test_the_torchtitan_plan_is_one_torchtitan_runs_and_its_export_has_no_mismat
     # scaling where torchtitan's 8B flavour has it)
     assert "cannot run as planned" not in written["torchtitan_args.sh"].read_text()
     assert "cannot run as planned" not in written["torchtitan-0.2.toml"].read_text()
+    # the launch scripts run the framework the plan was made for unless FRAMEWORK says otherwise
+    assert "FRAMEWORK=${FRAMEWORK:-torchtitan}" in written["launch_slurm.sh"].read_text()
 
     # the stack alone with the instance's zero_stage [1]: a plan (the best default placement, quick to find)
     # that torchtitan's files map to another placement

@@ -227,9 +227,9 @@ def _write_outputs(args, instance, plan, console) -> int:
     for note in launch_notes(instance, plan) if args.output_dir else []:  # report.html lists them too
         console.print(f"note: {note}", highlight=False)
     if args.output_dir and instance.training.framework:
-        console.print(f"the plan is for {instance.training.framework}: launch it with FRAMEWORK="
-                      f"{instance.training.framework} bash {Path(args.output_dir) / 'launch_torchrun.sh'} "
-                      f"(or launch_slurm.sh)", highlight=False, soft_wrap=True)
+        console.print(f"the plan is for {instance.training.framework}: the launch scripts run it by default "
+                      f"(bash {Path(args.output_dir) / 'launch_torchrun.sh'}, or launch_slurm.sh)",
+                      highlight=False, soft_wrap=True)
     return EXIT_OK
 
 

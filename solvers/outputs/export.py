@@ -386,12 +386,12 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
 
     p, out = plan.placement, Path(out_dir)
     files: dict[str, str] = {"megatron_args.sh": megatron_args_script(instance, plan)}
-    hostfile, slurm_script = slurm_files(slurm_launch(instance, p), p)
+    hostfile, slurm_script = slurm_files(slurm_launch(instance, p), p, instance.training.framework)
     check_groups(instance, p, parse_slurm_files(hostfile, slurm_script))
     files["launch_slurm.sh"], files["hostfile"] = slurm_script, hostfile
     torchrun = torchrun_launch(instance, p)
     if torchrun is not None:
-        files["launch_torchrun.sh"] = torchrun_script(torchrun, p)
+        files["launch_torchrun.sh"] = torchrun_script(torchrun, p, instance.training.framework)
         check_groups(instance, p, parse_torchrun_script(files["launch_torchrun.sh"]))
     files["torchtitan_args.sh"] = torchtitan_args_script(instance, plan)
     files["torchtitan-0.2.toml"] = torchtitan_toml(instance, plan)

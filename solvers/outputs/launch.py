@@ -144,20 +144,26 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ ! -f "$HERE/megatron_args.sh" && -n "${SLURM_SUBMIT_DIR:-}" ]]; then
   HERE=$SLURM_SUBMIT_DIR  # sbatch runs a copy of the script: the launch files are where it was submitted
 fi
-if [[ "${FRAMEWORK:-megatron}" == torchtitan ]]; then
+FRAMEWORK=${FRAMEWORK:-%(framework)s}  # the framework the plan was made for (solve --framework), unless set
+if [[ "$FRAMEWORK" == torchtitan ]]; then
   source "$HERE/torchtitan_args.sh"
   PROGRAM=(-m "${TORCHTITAN_ENTRY:-torchtitan.train}" "${TORCHTITAN_ARGS[@]}")
   TAIL=("${TORCHTITAN_SUBCOMMANDS[@]}")
-elif [[ "${FRAMEWORK:-megatron}" == megatron ]]; then
+elif [[ "$FRAMEWORK" == megatron ]]; then
   source "$HERE/megatron_args.sh"
-  PROGRAM=("${TRAIN_SCRIPT:-%s}" "${MEGATRON_ARGS[@]}")
+  PROGRAM=("${TRAIN_SCRIPT:-%(train_script)s}" "${MEGATRON_ARGS[@]}")
   TAIL=()
 else
   echo "FRAMEWORK must be megatron or torchtitan, not $FRAMEWORK" >&2; exit 2
 fi"""
 
 
-def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
+def preamble(framework: str | None) -> str:
+    """The scripts' common start: the launch files of FRAMEWORK, by default the one the plan was made for."""
+    return _PREAMBLE % {"framework": framework or "megatron", "train_script": TRAIN_SCRIPT}
+
+
+def torchrun_script(launch: TorchrunLaunch, p: Placement, framework: str | None = None) -> str:
     master = launch.nodes[0].host
     lines = ["#!/usr/bin/env bash",
              "# torchrun route. Run this script once on every node of the plan; it picks the node's line below.",
@@ -166,7 +172,7 @@ def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
              f"# plan: {p.summary()}",
              "# Usage: [FRAMEWORK=megatron|torchtitan] [NODE=<this node's name>] [MASTER_ADDR=...] bash launch_torchrun.sh",
              "#        [extra training args]",
-             _PREAMBLE % TRAIN_SCRIPT,
+             preamble(framework),
              f"NNODES={len(launch.nodes)}",
              f"NPROC_PER_NODE={launch.nproc_per_node}",
              "NODE=${NODE:-$(hostname -s)}",
@@ -185,7 +191,7 @@ def torchrun_script(launch: TorchrunLaunch, p: Placement) -> str:
     return "\n".join(lines) + "\n"
 
 
-def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
+def slurm_files(launch: SlurmLaunch, p: Placement, framework: str | None = None) -> tuple[str, str]:
     """(hostfile, launch_slurm.sh)."""
     hosts = list(dict.fromkeys(launch.hostfile))
     gpus = f"--gpus-per-node={launch.gpus_per_node}"
@@ -203,7 +209,7 @@ def slurm_files(launch: SlurmLaunch, p: Placement) -> tuple[str, str]:
              "# Usage (node names are used as host names): from this directory, [FRAMEWORK=...] sbatch launch_slurm.sh",
              f"# or inside an allocation: salloc --nodes={len(hosts)} --exclusive {gpus} --nodelist={','.join(hosts)}",
              "#   then [FRAMEWORK=megatron|torchtitan] bash launch_slurm.sh [extra training args]",
-             _PREAMBLE % TRAIN_SCRIPT,
+             preamble(framework),
              f"WORLD_SIZE={len(launch.hostfile)}",
              'if [[ "${1:-}" != "--rank" ]]; then',
              '  export SLURM_HOSTFILE="$HERE/hostfile"',
