@@ -193,7 +193,8 @@ def interval_note(group: str, gaps: tuple[str, ...]) -> str | None:
     group = group.partition("+")[0]
     data = stored()
     after = _half_width_pct(data.get("after_two_runs"))
-    calibrate = f"`solve calibrate --runs yours.csv` with 2 runs narrows this to about +-{after} %"
+    calibrate = (f"`solve calibrate --runs yours.csv --output cal.json` on 2 runs, then `--calibration cal.json`, "
+                 f"narrows this to about +-{after} %")
     if group == UNPROFILED and basis == group:
         spread = data["levels"][UNPROFILED].get("stack_spread")
         return (f"{gaps[0]}: Megatron-Core efficiency assumed; measured stacks predicted so, with nothing fitted on "

@@ -63,10 +63,15 @@ class PlanResult:
                                    for p, e in self.alternatives]
         if self.hints:
             out["hints"] = self.hints
-        check = mfu_check(cluster, self.estimate)
-        if check is not None:  # the estimate against the highest MFU published for its GPU type and precision
-            out["plausibility"] = check.to_dict()
-        return with_caveats(out, self.warnings, self.calibration)
+        return with_caveats(with_plausibility(out, cluster, self.estimate), self.warnings, self.calibration)
+
+
+def with_plausibility(plan: dict, cluster, estimate) -> dict:
+    """A plan file's dict with the estimate's MFU against the highest published for its GPU type and precision."""
+    check = mfu_check(cluster, estimate)
+    if check is not None:
+        plan["plausibility"] = check.to_dict()
+    return plan
 
 
 def with_caveats(plan: dict, warnings: list, calibration: dict | None) -> dict:

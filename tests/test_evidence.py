@@ -62,7 +62,7 @@ def test_the_stored_bands_widen_with_what_the_model_does_not_know():
     assert after["log_residual_p90"] - after["log_residual_p10"] < _width(intervals.UNPROFILED)
 
 
-@pytest.mark.parametrize("name", ["nanotron", "deepspeed", "maxtext", "other", "my own trainer"])
+@pytest.mark.parametrize("name", ["nanotron", "colossalai", "maxtext", "other", "my own trainer"])
 def test_an_unknown_stack_is_planned_as_megatron_with_the_unprofiled_band(name):
     """Any stack name is accepted: planned with Megatron-Core's behaviour and efficiency (the same time), with the
     band held out by stack, and the report says which stack, what was assumed and what narrows it."""
@@ -78,7 +78,7 @@ def test_an_unknown_stack_is_planned_as_megatron_with_the_unprofiled_band(name):
     assert f"{name}: not a modelled stack, planned as megatron" in text
     assert (f"no measured runs of {name}: Megatron-Core efficiency assumed; measured stacks predicted so, with "
             f"nothing fitted on them, were off by up to {spread:.0f} %") in text
-    assert "`solve calibrate --runs yours.csv` with 2 runs narrows this" in text
+    assert "`solve calibrate --runs yours.csv --output cal.json` on 2 runs, then `--calibration cal.json`, narrows this" in text
     # the plan file carries the basis
     plan = e.to_dict()
     assert plan["iteration_time_interval_basis"] == intervals.UNPROFILED

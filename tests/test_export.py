@@ -243,6 +243,8 @@ def test_family_biases_are_read_and_counted():
     llama_bias = model_from_dict({**base, "model_type": "llama", "attention_bias": True}, "llama.json", "")
     args, notes = model_arguments(llama_bias, 1024, 1)
     assert ("--add-qkv-bias", None) in args and any("output projection's bias" in note for note in notes)
+    # Megatron's default is a bias in every linear layer: biases in the attention alone must not bring the MLP's
+    assert ("--disable-bias-linear", None) in args
 
 
 def test_rope_scaling_and_biases_of_other_families(h100):

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from conftest import small_instance_dict, write_instance
+from conftest import REPO, small_instance_dict, write_instance
 from solvers.sweep import run as sweep_run
 from solvers.sweep.cells import cells, load_sweep
 from solvers.sweep.tables import pareto_front
@@ -100,3 +100,21 @@ def test_a_bad_sweep_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert sweep_run.main([str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "axes.nodes" in err and "non-empty list" in err and err.count("\n") == 1
+
+
+def test_a_base_in_the_compact_nodes_form_is_swept(tmp_path):
+    """cluster.nodes as one {"count", "prefix", ...} object (no list, docs/instance-format.md): the gpu_type and
+    nodes axes rewrote it as a list and crashed (TypeError, KeyError)."""
+    from formulation import instance_from_dict
+    base = json.loads((REPO / "instances" / "small_2x4.json").read_text())
+    first = base["cluster"]["nodes"][0]
+    base["cluster"]["nodes"] = {"count": 2, "prefix": "n", "gpu_type": first["gpu_type"], "gpus": first["gpus"]}
+    base["cluster"]["network"].pop("node_matrix_gb_per_s")  # names the base's two nodes
+    (tmp_path / "compact.json").write_text(json.dumps(base))
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"base": "compact.json",
+                                                         "axes": {"gpu_type": ["h100-sxm-80gb", "h200-sxm-141gb"],
+                                                                  "nodes": [1, 2]}}))
+    built = cells(load_sweep(tmp_path / "sweep.yaml"))
+    assert len(built) == 4
+    sizes = sorted(instance_from_dict(c.document, "<cell>", tmp_path).cluster.num_gpus for c in built)
+    assert sizes == [4, 4, 8, 8]  # 1 or 2 nodes of 4 GPUs

@@ -26,7 +26,7 @@ def readme_instance() -> dict:
 @figure("readme-minimal-solve", doc="README.md", cost="expensive",
         command="python docs/figures/render.py --expensive readme-minimal-solve")
 def minimal_solve() -> str:
-    from solvers.solve import solve
+    from solvers import solve
 
     instance = instance_from_dict(readme_instance(), "README.md")
     start = time.perf_counter()

@@ -18,8 +18,9 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 # (PyTorch FSDP2) and MosaicML's llm-foundry (Composer on PyTorch FSDP1). `fsdp` is the earlier name of the
 # PyTorch FSDP stack and is read as `torchtitan`; `composer` is read as `llm-foundry`.
 SOFTWARE_STACKS = ("megatron", "megatron-deepspeed", "torchtitan", "llm-foundry")
-STACK_ALIASES = {"fsdp": "torchtitan", "composer": "llm-foundry"}
-# Any other name (nanotron, maxtext, deepspeed, ...) is accepted and planned as `megatron`, its name kept in
+# deepspeed: DeepSpeed's engine (ZeRO, its bf16 optimizer and gradient copies) is what megatron-deepspeed models
+STACK_ALIASES = {"fsdp": "torchtitan", "composer": "llm-foundry", "deepspeed": "megatron-deepspeed"}
+# Any other name (nanotron, maxtext, colossalai, ...) is accepted and planned as `megatron`, its name kept in
 # `TrainingJob.unmodelled_stack`: the estimate's interval is that of a stack with no measured runs
 # (formulation/intervals.py) and the report says so.
 # Stacks that run PyTorch's own modules eagerly unless torch.compile is on (docs/physics.md eager_elementwise)

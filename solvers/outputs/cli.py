@@ -33,7 +33,7 @@ from solvers.outputs.arguments import OneLineParser, add_framework_option, count
 from solvers.outputs.files import write_json_atomic
 from solvers.outputs.plan_notes import input_warnings, launch_notes
 from solvers.outputs.report import estimate_warnings, print_report, terminal_console
-from solvers.result import with_caveats
+from solvers.result import with_caveats, with_plausibility
 from solvers.search.driver import NoPlanInTime
 from solvers.search.uniform import MAX_EXACT_SIZE
 from solvers.strategy import BACKENDS, METHODS, SOLVER_ALIASES, strategy
@@ -204,8 +204,8 @@ class _Evaluated:
         self.warnings, self.calibration = [], None
 
     def to_dict(self, cluster) -> dict:
-        return with_caveats({"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()},
-                            self.warnings, self.calibration)
+        plan = {"placement": self.placement.to_dict(cluster), "estimate": self.estimate.to_dict()}
+        return with_caveats(with_plausibility(plan, cluster, self.estimate), self.warnings, self.calibration)
 
 
 def _write_outputs(args, instance, plan, console) -> int:

@@ -139,7 +139,7 @@ def _shape_arguments(model, tp: int) -> tuple[list[tuple[str, object]], list[str
         args.append(("--norm-epsilon", model.norm_eps))
     if model.qk_norm or model.mla is not None:  # Qwen3's per-head norms; MLA's latent norms (DeepSeek)
         args.append(("--qk-layernorm", None))
-    if not (model.attention_bias or model.mlp_bias):
+    if not (model.attention_bias and model.mlp_bias):  # Megatron's default is a bias in every linear layer
         args.append(("--disable-bias-linear", None))
     if model.attention_bias != model.mlp_bias:
         notes.append("Megatron-LM's --add-bias-linear gives every linear layer a bias or none; this model has "

@@ -97,7 +97,9 @@ def framework_line(instance) -> str:
                 f"{describe(job)}")
     stack_origin = "default: training.software_stack not set" if job.software_stack_defaulted else \
         "the instance's training.software_stack"
-    return (f"planned for no particular framework: software stack {job.software_stack} ({stack_origin}); "
+    stack = (f"{job.unmodelled_stack} (not a modelled stack: planned as {job.software_stack})" if job.unmodelled_stack
+             else job.software_stack)
+    return (f"planned for no particular framework: software stack {stack} ({stack_origin}); "
             f"--framework megatron|torchtitan plans for the framework you launch")
 
 

@@ -138,6 +138,8 @@ def _apply(base: dict, values: dict, prices: dict) -> dict:
     for key in ("global_batch_size", "seq_length"):
         if key in values:
             training[key] = values[key]
+    if isinstance(cluster.get("nodes"), dict):  # the compact form's single object, as a one-entry list
+        cluster["nodes"] = [cluster["nodes"]]
     if "gpu_type" in values:
         cluster["gpu_types"] = {values["gpu_type"]: {"preset": values["gpu_type"]}}
         for node in cluster.get("nodes", []):
