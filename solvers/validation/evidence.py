@@ -11,7 +11,7 @@ import statistics
 from formulation.inputs.gpus import gpu_catalog
 from formulation.intervals import NEW_SETUP, POOLED, PROFILED, UNPROFILED, fabric, regimes
 from solvers.validation import crossval
-from solvers.validation.calibrate import CHIPS, chip_of, with_parameters
+from solvers.validation.calibrate import chip_of, with_parameters
 from solvers.validation.crossval import (Prediction, log_residual, other_units_bands, p10_p90, residual_group,
                                          run_stack)
 from solvers.validation.fewshot import few_shot_table
@@ -119,7 +119,8 @@ def after_two_runs(predictions: list[Prediction]) -> dict:
 
 
 def evidence_profile(runs: list[Run]) -> dict:
-    """Per stack with timed runs: the GPU chips (every catalog type of a measured chip, with its bf16 peak), the
+    """Per stack with timed runs: the GPU types measured (each with its bf16 peak; a type of the same peak counts as
+    measured, formulation/intervals.py CHIP_MATCH), the
     fabrics (intra-node link class, inter-node GB/s per GPU or None on one node) and the REGIMES it was measured
     on (formulation/intervals.py reads it)."""
     catalog = gpu_catalog()
@@ -130,9 +131,9 @@ def evidence_profile(runs: list[Run]) -> dict:
         inst, p = run.instance, run.placement
         seen = out.setdefault(run_stack(run), {"runs": 0, "gpu_peak_tflops": {}, "fabrics": [], "regimes": []})
         seen["runs"] += 1
-        for name in CHIPS.get(chip_of(run.gpu_type), (run.gpu_type,)):
-            if name in catalog:
-                seen["gpu_peak_tflops"][name] = catalog[name]["peak_tflops"]
+        # the measured type only: a type that shares its chip's fit (H20, H100 PCIe) but not its peaks has no run
+        if run.gpu_type in catalog:
+            seen["gpu_peak_tflops"][run.gpu_type] = catalog[run.gpu_type]["peak_tflops"]
         link, across = fabric(inst.cluster)
         if [link, across] not in seen["fabrics"]:
             seen["fabrics"].append([link, across])
