@@ -2,14 +2,13 @@
 
 The scorer must equal evaluate() on every proposal, accepted or not; annealing must be deterministic per seed,
 never return a placement that does not fit, never beat brute force (it is a heuristic) and usually match it.
-`python tests/test_annealing.py` prints the per-move cost against evaluate() on h100_128 and on 1,024 GPUs.
+`python tests/bench_annealing.py` prints the per-move cost against evaluate() on h100_128 and on 1,024 GPUs.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import time
 
 import numpy as np
 import pytest
@@ -323,35 +322,6 @@ def test_never_better_than_brute_force_and_usually_equal():
     assert equal >= 0.8 * len(cases), (equal, len(cases))
 
 
-# ---- speed: a benchmark, not a test (`python tests/test_annealing.py` prints it; it depends on the load) ------------
-
-def per_move_cost(instance, config: Config, moves: int = 2000, evals: int = 5) -> tuple[float, float]:
-    """(seconds per scored move on a random walk accepting 30% of proposals, seconds per evaluate() of a
-    placement of that walk, cold: any cluster-level memo of group links is emptied first)."""
-    sc = start_scorer(instance, config)
-    gen, rng = Moves(sc, np.random.default_rng(0)), np.random.default_rng(1)
-    done, start, seen = 0, time.perf_counter(), []
-    while done < moves:
-        out = gen.propose()
-        if out is None:
-            continue
-        done += 1
-        if out[1] is not None and rng.random() < 0.3:
-            gen.commit(*out)
-        else:
-            sc.reject()
-        if done % (moves // evals) == 0:
-            seen.append((sc.placement(), sc.total))
-    per_move = (time.perf_counter() - start) / moves
-    memo = getattr(instance.cluster, "_links_cache", None)
-    if isinstance(memo, dict):
-        memo.clear()
-    start = time.perf_counter()
-    for placement, total in seen:
-        assert evaluate(instance, placement, check=False).iteration_time_s == total
-    return per_move, (time.perf_counter() - start) / len(seen)
-
-
 def cluster_1024_dict(seed: int = 7) -> dict:
     """128 DGX-H100-like nodes in 4 leaf groups of 32 (48 GB/s inside, 30 across), one half-speed NIC."""
     rng = random.Random(seed)
@@ -363,20 +333,6 @@ def cluster_1024_dict(seed: int = 7) -> dict:
         M[i][j] = M[j][i] = round((48.0 if i // 32 == j // 32 else 30.0) * rng.uniform(0.97, 1.03), 1)
     data["cluster"]["network"].update(node_matrix_gb_per_s=M, nodes=[{"node": "n5", "inter_node_gb_per_s": 24.0}])
     return data
-
-
-if __name__ == "__main__":
-    for name, inst in (("h100_128", load_instance(H100_128)), ("1024 GPUs", build_instance(cluster_1024_dict()))):
-        n = inst.cluster.num_gpus
-        for tp, pp, cp, vpp, rc in ((8, 4, 1, 1, "selective"), (4, 4, 2, 5, "none"), (2, 8, 1, 1, "full"),
-                                    (8, 8, 1, 1, "none")):
-            config = Config(tp, pp, cp, n // (tp * pp * cp), vpp, 1, rc, 1)
-            move, full = per_move_cost(inst, config)
-            t = time.perf_counter()
-            result = anneal(inst, config, seed=0, max_moves=5000)
-            run = (result.wall_time_s - 0) / max(result.moves, 1)
-            print(f"{name:9s} {config.describe():62s} move {move * 1e6:5.0f} us (anneal {run * 1e6:5.0f} us), "
-                  f"evaluate {full * 1e3:6.2f} ms: x{full / move:4.0f} (x{full / run:4.0f})")
 
 
 def test_relocation_gathers_weak_nodes_on_a_light_stage(monkeypatch):

@@ -5,8 +5,10 @@ table."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from formulation.physics.memory import GIB
 from solvers.outputs.plan_notes import calibration_text
 from solvers.outputs.report import folding_table
 
@@ -197,3 +199,46 @@ def print_memory_peaks(result: dict, console: Console) -> None:
     over = result.get("ran_over_capacity", [])
     console.print(f"measured runs (they ran) put over their GPU's memory: {len(over)}"
                   + (f" (rows {', '.join(str(o['row']) for o in over)})" if over else ""))
+
+
+def print_rows(result: dict, memory: list[dict]) -> None:
+    """`solve validate --rows`: every row predicted by the stored calibration, and the memory figures."""
+    console = Console(width=max(Console().width, 150))
+    table = Table(title="predicted vs measured iteration time")
+    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GiB]",
+                "OOM?"):
+        table.add_column(escape(col), justify="right" if col not in ("model", "how", "GPU") else "left")
+    for r in result["rows"]:
+        if r["skipped_reason"]:
+            continue
+        table.add_row(str(r["row"]), r["model"][:30], r["gpu_type"], r["split"], f"{r['measured_iter_s']:.3f}",
+                      r["measured_how"], f"{r['predicted_iter_s']:.3f}", f"{100 * r['relative_error']:+.1f} %",
+                      f"{r['predicted_peak_memory_gb'] * 1e9 / GIB:.1f}", "yes" if r["predicted_oom"] else "no",
+                      style="red" if abs(r["relative_error"]) > 0.25 else None)
+    console.print(table)
+    skipped = [r for r in result["rows"] if r["skipped_reason"]]
+    if skipped:
+        reasons = {}
+        for r in skipped:
+            reasons.setdefault(r["skipped_reason"], []).append(r["row"])
+        console.print("[bold]skipped rows[/bold]")
+        for reason, ids in reasons.items():
+            console.print(f"  rows {ids}: {reason}")
+    s = result["summary"]
+    for key in ("held_out", "calibration_split", "all_scored"):
+        st = s[key]
+        if st["count"]:
+            console.print(f"{key}: {st['count']} runs, median |error| {100 * st['median_abs_error']:.1f} %, "
+                          f"max {100 * st['max_abs_error']:.1f} % (row {st['worst_row']})")
+    rho = s["spearman_all"]  # None when undefined: fewer than two runs, or all predictions equal
+    console.print(f"Spearman (all scored runs): {'n/a' if rho is None else f'{rho:.3f}'}; split: {s['split']}")
+    if s["uncalibrated_gpu_types"]:
+        console.print(f"GPU types with default (uncalibrated) efficiencies: {', '.join(s['uncalibrated_gpu_types'])}")
+    if memory:
+        mt = Table(title="memory per GPU, first stage, vs Korthikanti et al. 2022 Fig. 1 [GiB]")
+        for col in ("model", "component", "recompute", "published", "predicted", "error"):
+            mt.add_column(col)
+        for m in memory:
+            mt.add_row(m["model"], m["component"], m["recompute"], f"{m['published_gib']:.2f}",
+                       f"{m['predicted_gib']:.2f}", f"{100 * m['relative_error']:+.1f} %")
+        console.print(mt)

@@ -38,7 +38,7 @@ from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
 from solvers.validation.memory_runs import over_capacity_runs, validate_memory_peaks
 from solvers.validation.report import (mode_label, print_ablation, print_few_shot, print_memory_peaks,
-                                       print_predicted_rows, print_summary)
+                                       print_predicted_rows, print_rows, print_summary)
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
@@ -141,52 +141,6 @@ def validate_memory(path: Path = DEFAULT_MEMORY) -> list[dict]:
                         "published_gib": published, "predicted_gib": predicted,
                         "relative_error": predicted / published - 1})
     return out
-
-
-def _print(result: dict, memory: list[dict]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console(width=max(Console().width, 150))
-    table = Table(title="predicted vs measured iteration time")
-    for col in ("row", "model", "GPU", "split", "measured [s]", "how", "predicted [s]", "error", "peak mem [GiB]",
-                "OOM?"):
-        table.add_column(escape(col), justify="right" if col not in ("model", "how", "GPU") else "left")
-    for r in result["rows"]:
-        if r["skipped_reason"]:
-            continue
-        table.add_row(str(r["row"]), r["model"][:30], r["gpu_type"], r["split"], f"{r['measured_iter_s']:.3f}",
-                      r["measured_how"], f"{r['predicted_iter_s']:.3f}", f"{100 * r['relative_error']:+.1f} %",
-                      f"{r['predicted_peak_memory_gb'] * GB / GIB:.1f}", "yes" if r["predicted_oom"] else "no",
-                      style="red" if abs(r["relative_error"]) > 0.25 else None)
-    console.print(table)
-    skipped = [r for r in result["rows"] if r["skipped_reason"]]
-    if skipped:
-        reasons = {}
-        for r in skipped:
-            reasons.setdefault(r["skipped_reason"], []).append(r["row"])
-        console.print("[bold]skipped rows[/bold]")
-        for reason, ids in reasons.items():
-            console.print(f"  rows {ids}: {reason}")
-    s = result["summary"]
-    for key in ("held_out", "calibration_split", "all_scored"):
-        st = s[key]
-        if st["count"]:
-            console.print(f"{key}: {st['count']} runs, median |error| {100 * st['median_abs_error']:.1f} %, "
-                          f"max {100 * st['max_abs_error']:.1f} % (row {st['worst_row']})")
-    rho = s["spearman_all"]  # None when undefined: fewer than two runs, or all predictions equal
-    console.print(f"Spearman (all scored runs): {'n/a' if rho is None else f'{rho:.3f}'}; split: {s['split']}")
-    if s["uncalibrated_gpu_types"]:
-        console.print(f"GPU types with default (uncalibrated) efficiencies: {', '.join(s['uncalibrated_gpu_types'])}")
-    if memory:
-        mt = Table(title="memory per GPU, first stage, vs Korthikanti et al. 2022 Fig. 1 [GiB]")
-        for col in ("model", "component", "recompute", "published", "predicted", "error"):
-            mt.add_column(col)
-        for m in memory:
-            mt.add_row(m["model"], m["component"], m["recompute"], f"{m['published_gib']:.2f}",
-                       f"{m['predicted_gib']:.2f}", f"{100 * m['relative_error']:+.1f} %")
-        console.print(mt)
 
 
 def _plot(result: dict, path: str) -> None:
@@ -324,7 +278,7 @@ def _validate(args) -> int:
                          indent=2, default=str))
         return 0
     if rows:
-        _print(rows, memory)
+        print_rows(rows, memory)
         if args.plot:
             _plot(rows, args.plot)
     print_summary(summary, mode, console)
