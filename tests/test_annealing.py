@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from conftest import H100_128, build_instance, small_instance_dict
+from conftest import H100_128, JumpingClock, build_instance, small_instance_dict
 from formulation import InfeasibleError, evaluate, load_instance
 from formulation.placement import check_placement
 from formulation.space import Config, configurations, placement_for
@@ -182,22 +182,11 @@ def test_deterministic_per_seed(h100):
     assert a.estimate.iteration_time_s <= a.start_s and a.estimate == evaluate(h100, a.placement)
 
 
-class SteppingClock:
-    """A stand-in for the annealer's `time`: 1 ms passes per reading, whatever the machine's load."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        self.now += 0.001
-        return self.now
-
-
 def test_time_limit_only(h100, monkeypatch):
     """A time limit alone (no move budget) ends the run at the limit: with one reading of the clock per move
     (1 ms each here) a 0.5 s limit stops it after about 500 moves, and the result still fits."""
     from solvers.local import annealing
-    monkeypatch.setattr(annealing, "time", SteppingClock())
+    monkeypatch.setattr(annealing, "time", JumpingClock(step_s=0.001))
     result = anneal(h100, Config(8, 4, 1, 4, 1, 1, "selective", 1), seed=0, time_limit_s=0.5)
     assert 0 < result.moves <= 500 and result.estimate.fits
     assert result.wall_time_s >= 0.5  # stopped by the clock, not by a move budget
