@@ -16,7 +16,6 @@ reshard when pp > 1).
 from __future__ import annotations
 
 import dataclasses
-import re
 import shlex
 from dataclasses import dataclass
 
@@ -101,9 +100,11 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
             f"of {e.peak_memory_gib:.1f} GiB" + ("" if est.fits else ", OVER the memory limit") + " (formulation.evaluate)")
     others = [f"zero_stage {other} would take {o.iteration_time_s:.3f} s" + ("" if o.fits else
               f" and exceed the memory limit by {o.memory_shortfall_gib:.1f} GiB") for o, other in scored if other != z]
-    note += ("; " + "; ".join(others) if others else "") + (
-        f'. For a plan torchtitan runs as planned, re-plan with "zero_stage": {list(runnable_zero_stages(p, release))} '
-        'in the instance\'s training section.')
+    advice = (". torchtitan plans of mixture-of-experts models are not modelled (it shards experts with FSDP, which "
+              "the memory model covers for dense models only): the figures above are not a prediction; launch the "
+              "Megatron route" if instance.model.moe is not None else
+              ". For a plan torchtitan runs as planned: solve --framework torchtitan")
+    note += ("; " + "; ".join(others) if others else "") + advice
     return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est,
                         (note, *expert_notes(p), *block_recompute_notes(p)))
 
