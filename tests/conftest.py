@@ -6,6 +6,7 @@ import copy
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,22 @@ def _cp_sat_solves_given_up_end_before_the_process():
     for thread in threading.enumerate():
         if thread.name == "cp-sat" and thread.daemon:
             thread.join(120)
+
+
+class Stall:
+    """A stand-in for CpSolver.Solve that blocks until released (at most 10 minutes): a test can tell, whatever
+    the machine's load, that its caller returned while the solve was still running."""
+
+    def __init__(self, code):
+        self.code, self.go, self.done = code, threading.Event(), threading.Event()
+
+    def __call__(self, *args, **kwargs):  # set on the class, an instance is not bound: (model, ...) only
+        self.go.wait(600)
+        self.done.set()
+        return self.code
+
+    def still_running(self) -> bool:
+        return not self.done.is_set()
+
+    def release(self) -> None:
+        self.go.set()

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 
+from conftest import Stall
 from formulation.programs.mip import Program
 from solvers import backends
 from solvers.backends import cbc
@@ -126,7 +127,7 @@ def test_cpsat_that_ignores_its_time_limit_is_given_up_as_a_timeout(monkeypatch)
     from ortools.sat.python import cp_model
 
     from solvers.backends import cpsat
-    stall = _Stall(cp_model.OPTIMAL)
+    stall = Stall(cp_model.OPTIMAL)
     monkeypatch.setattr(cp_model.CpSolver, "Solve", stall)
     try:
         out = cpsat.solve(market_split(rows=1, cols=4), time_limit_s=0.2)
@@ -135,26 +136,6 @@ def test_cpsat_that_ignores_its_time_limit_is_given_up_as_a_timeout(monkeypatch)
         stall.release()
     assert out.status == "timeout" and out.values is None and out.bound_s is None
     assert "given up" in out.message
-
-
-class _Stall:
-    """A stand-in for CpSolver.Solve that blocks until released (at most 10 minutes): a test can tell, whatever
-    the machine's load, that its caller returned while the solve was still running."""
-
-    def __init__(self, code):
-        import threading
-        self.code, self.go, self.done = code, threading.Event(), threading.Event()
-
-    def __call__(self, *args, **kwargs):  # set on the class, an instance is not bound: (model, ...) only
-        self.go.wait(600)
-        self.done.set()
-        return self.code
-
-    def still_running(self) -> bool:
-        return not self.done.is_set()
-
-    def release(self) -> None:
-        self.go.set()
 
 
 @needs_cpsat
@@ -193,7 +174,7 @@ def test_ctrl_c_during_a_cp_sat_solve_reaches_the_caller(monkeypatch, time_limit
     from ortools.sat.python import cp_model
 
     from solvers.backends import cpsat
-    stall = _Stall(cp_model.OPTIMAL)
+    stall = Stall(cp_model.OPTIMAL)
     monkeypatch.setattr(cp_model.CpSolver, "Solve", stall)
     # Python's own Ctrl-C handler, as in a terminal: a process started in the background (CI's runner, nohup)
     # inherits SIGINT ignored, and Python then installs none

@@ -180,8 +180,8 @@ def test_a_time_limit_holds_through_a_cp_sat_stall(monkeypatch):
     search gives the stalled solve up and returns the plan so far, a timeout with a bound it can still claim,
     while the stand-in still runs: whatever the machine's load, the limit ended the search, not the stall."""
     from ortools.sat.python import cp_model
-    from test_backends import _Stall
-    stall = _Stall(cp_model.OPTIMAL)
+    from conftest import Stall
+    stall = Stall(cp_model.OPTIMAL)
     monkeypatch.setattr(cp_model.CpSolver, "Solve", stall)
     data, _ = small_instance(6)
     instance = instance_from_dict(data)

@@ -89,7 +89,7 @@ def test_the_report_says_how_often_pytorch_stack_runs_measured_beyond_the_slow_e
 def test_runners_up_within_the_interval_are_ties_with_the_parts_that_separate_them():
     """Issue 14: a plan whose p10-p90 interval overlaps the best's is a tie, and the note names the breakdown
     parts where the two differ, largest first; a plan beyond the interval is not called a tie."""
-    from solvers.outputs.report import tie_note
+    from solvers.outputs.plan_notes import tie_note
     instance = load_instance(H100_128)
     best = evaluate(instance, default_placement(instance, tp=4, pp=4, cp=2, vpp=5, micro_batch_size=1,
                                                 recompute="none", zero_stage=1))

@@ -334,6 +334,11 @@ def stage_memory(instance, p, stage: int, layers: int, gpu_type, coefficients: M
                        workspace_gib=max(0.0, workspace))
 
 
+def deepspeed_bf16_optimizer(job, p) -> bool:
+    """Megatron-DeepSpeed in bf16 (or FP8) with ZeRO 0-1 runs DeepSpeed's BF16_Optimizer."""
+    return job.software_stack in DEEPSPEED and job.precision != "fp16" and p.zero_stage < 2
+
+
 def bf16_optimizer_fp32_grad_bytes(job, p) -> float:
     """(M1)-(M3) Megatron-DeepSpeed in bf16 with ZeRO 0-1: DeepSpeed wraps Adam in its BF16_Optimizer
     (`deepspeed/runtime/bf16_optimizer.py`), whose `fp32_groups_gradients_flat` is `torch.zeros_like` of the whole
@@ -341,9 +346,7 @@ def bf16_optimizer_fp32_grad_bytes(job, p) -> float:
     gradients the backward writes (the 2 of `bytes_per_param_state`). Its fp32 master weights and moments are the
     partitioned 12 bytes; the model keeps DeepSpeed's fp16 accounting of 16 / dp there (the step time reads the
     parameter count from it), 4 / dp bytes more than the bf16 optimizer holds. 0 elsewhere."""
-    if job.software_stack in DEEPSPEED and job.precision != "fp16" and p.zero_stage < 2:
-        return 4.0
-    return 0.0
+    return 4.0 if deepspeed_bf16_optimizer(job, p) else 0.0
 
 
 def gradient_reduction_copy_gib(job, p, weights_gib: float) -> float:
@@ -351,9 +354,7 @@ def gradient_reduction_copy_gib(job, p, weights_gib: float) -> float:
     `buffered_allreduce_fallback`, whose `allreduce_bucket` flattens each bucket (`_flatten_dense_tensors`, a new
     tensor): the buffer is one flat tensor per parameter group, past the 5e8-element bucket limit, so the copy is the
     whole local model's fp32 gradients, 4 bytes per parameter (twice the bf16 weights). 0 on other stacks."""
-    if job.software_stack in DEEPSPEED and job.precision != "fp16" and p.zero_stage < 2:
-        return 2.0 * weights_gib
-    return 0.0
+    return 2.0 * weights_gib if deepspeed_bf16_optimizer(job, p) else 0.0
 
 
 CUBLAS_WORKSPACE_BYTES = (4096 * 1024 * 8, 4096 * 1024 * 2 + 16 * 1024 * 8)  # Hopper and later, earlier GPUs

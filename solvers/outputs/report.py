@@ -14,10 +14,10 @@ from rich.table import Table
 
 from formulation.evaluate import Estimate
 from formulation.inputs.job import PYTORCH_STACKS
-from formulation.intervals import interval_basis, interval_note as interval_basis_note, slow_tail_share
+from formulation.intervals import interval_basis, interval_note, slow_tail_share
 from formulation.mfu_ceiling import mfu_warning
 from formulation.placement import Placement
-from solvers.outputs.plan_notes import calibration_text, result_lines, tie_note  # noqa: F401 (tie_note: re-export)
+from solvers.outputs.plan_notes import calibration_text, result_lines
 
 
 def comment_lines(notes: list[str], prefix: str = "") -> list[str]:
@@ -70,7 +70,7 @@ def stack_note(job) -> str:
     return f"{job.unmodelled_stack}: not a modelled stack, planned as {note}" if job.unmodelled_stack else note
 
 
-def interval_note(instance, e: Estimate) -> str:
+def band_text(instance, e: Estimate) -> str:
     """The p10-p90 band after the iteration time, and where it comes from (with a user calibration, that the
     calibration moved the estimate and the band is the stored model's spread around it)."""
     interval = e.iteration_time_interval_s
@@ -111,8 +111,8 @@ def summary_table(instance, p: Placement, e: Estimate) -> TableData:
             ("GPUs", f"{p.world_size:,} of {cluster.num_gpus:,} ({len(cluster.nodes):,} nodes)"),
             ("configuration", p.summary()), ("software stack", stack_note(instance.training)),
             ("micro-batches per iteration", str(e.num_micro_batches)),
-            ("iteration time", f"{e.iteration_time_s:.3f} s" + interval_note(instance, e)),
-            *([("interval basis", interval_basis_note(e.interval_group, e.interval_gaps) or "")]
+            ("iteration time", f"{e.iteration_time_s:.3f} s" + band_text(instance, e)),
+            *([("interval basis", interval_note(e.interval_group, e.interval_gaps) or "")]
               if e.iteration_time_interval_s else []),
             ("throughput", f"{e.tokens_per_s:,.0f} tokens/s"),
             ("model TFLOP/s per GPU", f"{e.model_tflops_per_gpu:.1f} (Megatron-LM FLOP count)"),
