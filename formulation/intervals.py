@@ -124,12 +124,24 @@ def evidence(job, model, cluster, gpu_type, p) -> tuple[str, tuple[str, ...]]:
     gaps = []
     if not any(abs(gpu_type.peak_tflops / peak - 1) <= CHIP_MATCH for peak in seen["gpu_peak_tflops"].values()):
         gaps.append(f"no measured run of {stack} on {gpu_type.name}")
+    elif not chip_measured_in(seen, gpu_type, group) and (group != FP8 or REGIMES[0] in seen["regimes"]):
+        # (an FP8 estimate of a stack never measured in FP8 is named once, by its regime below)
+        gaps.append(f"no measured {group} run of {stack} on {gpu_type.name}")
     mine = fabric(cluster)
     if not fabric_covered(mine, seen["fabrics"]):
         across = "one node" if mine[1] is None else f"{mine[1]:g} GB/s per GPU between nodes"
         gaps.append(f"no measured run of {stack} on {mine[0]} with {across}")
     gaps += [f"no measured run of {stack} with {r}" for r in regimes(job, model, gpu_type, p) if r not in seen["regimes"]]
     return (f"{NEW_SETUP}+{group}", tuple(gaps)) if gaps else (group, ())
+
+
+def chip_measured_in(seen: dict, gpu_type, group: str) -> bool:
+    """Whether a stack's evidence has a run on this GPU's chip in this precision group (a chip measured only in FP8
+    says nothing measured of its 16-bit GEMMs). Evidence stored before it was kept per precision: the chip alone."""
+    by_precision = seen.get("gpu_peak_tflops_by_precision")
+    if by_precision is None:
+        return True
+    return any(abs(gpu_type.peak_tflops / peak - 1) <= CHIP_MATCH for peak in by_precision.get(group, {}).values())
 
 
 def stored() -> dict:

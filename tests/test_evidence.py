@@ -277,3 +277,26 @@ def test_expert_parallel_runs_take_the_new_setup_band():
     e = evaluate(run.instance, run.placement, check=False)
     assert e.interval_group.startswith(intervals.NEW_SETUP)
     assert "no measured run of megatron with expert parallelism (ep > 1)" in e.interval_gaps
+
+
+def test_a_chip_measured_only_in_fp8_is_a_new_setup_for_a_16_bit_estimate(monkeypatch):
+    """Megatron's only timed B200 runs in the reference are FP8 (NeMo's long-sequence table): the evidence keeps the
+    chips per precision group, so a 16-bit estimate on that chip names the missing 16-bit runs while an FP8 one
+    stays profiled. Checked on a stored profile written here, and on the shipped file's B200 entry."""
+    profile = {"megatron": {"runs": 1, "gpu_peak_tflops": {"h100-sxm-80gb": 989.0},
+                            "gpu_peak_tflops_by_precision": {"fp8": {"h100-sxm-80gb": 989.0}},
+                            "fabrics": [["NVLink", None], ["NVLink", 48.0]], "regimes": ["FP8 GEMMs"]}}
+    monkeypatch.setattr(intervals, "stored", lambda: {"evidence": profile})
+    data = small_instance_dict(1, 8, global_batch_size=64, seq_length=4096)
+    groups = {}
+    for precision in ("bf16", "fp8"):
+        data["training"]["precision"] = precision
+        instance = build_instance(data)
+        p = default_placement(instance, tp=1, pp=1, micro_batch_size=1, recompute="full", zero_stage=1)
+        gpu = instance.cluster.gpu_types["h100-sxm-80gb"]
+        groups[precision] = intervals.evidence(instance.training, instance.model, instance.cluster, gpu, p)
+    assert groups["fp8"] == (intervals.FP8, ())
+    assert groups["bf16"] == (f"{intervals.NEW_SETUP}+16-bit",
+                              ("no measured 16-bit run of megatron on h100-sxm-80gb",))
+    shipped = STORED["evidence"]["megatron"]["gpu_peak_tflops_by_precision"]
+    assert "b200" in shipped["fp8"] and "b200" not in shipped.get("16-bit", {})

@@ -9,7 +9,7 @@ import math
 import statistics
 
 from formulation.inputs.gpus import gpu_catalog
-from formulation.intervals import NEW_SETUP, POOLED, PROFILED, UNPROFILED, fabric, regimes
+from formulation.intervals import NEW_SETUP, POOLED, PROFILED, UNPROFILED, fabric, interval_group, regimes
 from solvers.validation import crossval
 from solvers.validation.calibrate import chip_of, with_parameters
 from solvers.validation.crossval import (Prediction, log_residual, other_units_bands, p10_p90, residual_group,
@@ -120,7 +120,8 @@ def after_two_runs(predictions: list[Prediction]) -> dict:
 
 def evidence_profile(runs: list[Run]) -> dict:
     """Per stack with timed runs: the GPU types measured (each with its bf16 peak; a type of the same peak counts as
-    measured, formulation/intervals.py CHIP_MATCH), the
+    measured, formulation/intervals.py CHIP_MATCH), also per precision group (a chip measured only in FP8 has no
+    measured 16-bit run), the
     fabrics (intra-node link class, inter-node GB/s per GPU or None on one node) and the REGIMES it was measured
     on (formulation/intervals.py reads it)."""
     catalog = gpu_catalog()
@@ -129,21 +130,26 @@ def evidence_profile(runs: list[Run]) -> dict:
         if run.measured_iter_s is None:
             continue
         inst, p = run.instance, run.placement
-        seen = out.setdefault(run_stack(run), {"runs": 0, "gpu_peak_tflops": {}, "fabrics": [], "regimes": []})
+        seen = out.setdefault(run_stack(run), {"runs": 0, "gpu_peak_tflops": {}, "gpu_peak_tflops_by_precision": {},
+                                               "fabrics": [], "regimes": []})
         seen["runs"] += 1
+        gpu = inst.cluster.gpu_types[inst.cluster.nodes[0].gpu_type]
         # the measured type only: a type that shares its chip's fit (H20, H100 PCIe) but not its peaks has no run
         if run.gpu_type in catalog:
-            seen["gpu_peak_tflops"][run.gpu_type] = catalog[run.gpu_type]["peak_tflops"]
+            peak = catalog[run.gpu_type]["peak_tflops"]
+            seen["gpu_peak_tflops"][run.gpu_type] = peak
+            by_precision = seen["gpu_peak_tflops_by_precision"].setdefault(interval_group(inst.training, gpu), {})
+            by_precision[run.gpu_type] = peak
         link, across = fabric(inst.cluster)
         if [link, across] not in seen["fabrics"]:
             seen["fabrics"].append([link, across])
-        gpu = inst.cluster.gpu_types[inst.cluster.nodes[0].gpu_type]
         for regime in regimes(inst.training, inst.model, gpu, p):
             if regime not in seen["regimes"]:
                 seen["regimes"].append(regime)
     for seen in out.values():
         seen["fabrics"].sort(key=lambda f: (f[0], f[1] or 0.0))
         seen["regimes"].sort()
+        seen["gpu_peak_tflops_by_precision"] = dict(sorted(seen["gpu_peak_tflops_by_precision"].items()))
     return dict(sorted(out.items()))
 
 
