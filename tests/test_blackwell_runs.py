@@ -35,7 +35,7 @@ def test_megatron_bridge_rows_load_scored_on_their_blackwell_types(bridge):
 def test_rack_runs_are_described_as_nodes_of_64_with_the_assumption_recorded(bridge):
     """The NVL72 domain is not modelled yet: GB200 / GB300 runs sit on nodes of 64 GPUs, said per row."""
     for run in bridge.values():
-        per_node = run.instance.cluster.nodes[0].gpus
+        per_node = run.instance.cluster.nodes[0].num_gpus
         if run.gpu_type == "b200":
             assert per_node == 8 and not any(a.startswith("gpus_per_node") for a in run.assumptions)
         else:
@@ -54,37 +54,41 @@ def test_mxfp8_and_uneven_pipeline_splits_are_recorded_assumptions(bridge):
 def test_a_layers_per_stage_cell_that_does_not_add_up_skips_the_row():
     with open(REFERENCE_DIR / "published_runs_megatron_bridge.csv", newline="") as handle:
         row = next(csv.DictReader(handle))
-    run = run_from_row(0, {**row, "layers_per_stage": "10,20"})
+    run = run_from_row(0, {**row, "inter_node_gb_per_s": "50", "layers_per_stage": "10,20"})
     assert run.skipped_reason and "layers_per_stage" in run.skipped_reason
 
 
 def test_moe_model_zoo_rack_rows_run_on_gb200_and_gb300():
     runs = {r.row: r for r in load_runs(REFERENCE_DIR / "published_runs_moe.csv")}
     assert [runs[k].gpu_type for k in (2014, 2015, 2016, 2017)] == ["gb200", "gb200", "gb200", "gb300"]
-    assert not any(r.gpu_type == "b200" for r in runs.values())
     assert not any("as b200" in flag for r in runs.values() for flag in r.flags)
+    # Megatron-Bridge's Qwen3 rows, predicted only: the racks on gb200 / gb300, DGX B200 on b200
+    bridge = [r for r in runs.values() if "Megatron-Bridge" in r.source]
+    assert Counter(r.gpu_type for r in bridge) == {"gb300": 3, "gb200": 3, "b200": 2}
+    assert all(r.skipped_reason is None and not r.fitted for r in bridge)
 
 
 def _synthetic(rows, efficiency, overhead_s):
     runs = [r for r in calibrate.usable(crossval.reference_runs()) if r.row in rows]
     return [dataclasses.replace(r, measured_iter_s=evaluate(calibrate.with_parameters(
-        r, {"matmul_efficiency": efficiency, "iteration_overhead_s": overhead_s}), r.placement).iteration_time_s)
+        r, {"matmul_efficiency": efficiency, "iteration_overhead_s": overhead_s}), r.placement,
+        check=False).iteration_time_s)
         for r in runs]
 
 
 def test_a_new_chip_fits_its_efficiency_without_moving_the_other_chips():
-    """A100 runs made at (0.70, 0.03 s), Blackwell runs at (0.60, 0.15 s): with the voting rule the A100 fit is
-    what the A100 runs alone give and the Blackwell efficiency is fitted at that overhead; without it the
-    Blackwell runs pull the shared overhead (the rule is what keeps the other chips still)."""
+    """A100 runs made at (0.70, 0.03 s), Blackwell runs of 4 to 58 s at (0.60, 0.20 s): with the voting rule the
+    A100 fit is what the A100 runs alone give and the Blackwell efficiency is fitted at that overhead; without it
+    the Blackwell runs pull the shared overhead (the rule is what keeps the other chips still)."""
     a100 = _synthetic((0, 1, 2, 4, 5), 0.70, 0.03)
-    blackwell = _synthetic((1401, 1402, 1403, 1405), 0.60, 0.15)
+    blackwell = _synthetic((1402, 1403, 1406, 1414, 1415), 0.60, 0.20)
     both = a100 + blackwell
     tables = TimeTables(both, calibrate.with_parameters)
     alone = joint_fit(a100, calibrate.calibration_key, tables, calibrate.votes_on_overhead)
     joint = joint_fit(both, calibrate.calibration_key, tables, calibrate.votes_on_overhead)
     assert joint.overhead_s == alone.overhead_s == pytest.approx(0.03, abs=0.002)
     assert joint.efficiency["a100-sxm-80gb"] == alone.efficiency["a100-sxm-80gb"]
-    assert set(joint.efficiency) == {"a100-sxm-80gb", "b200", "gb300"}
-    assert joint.efficiency["b200"] < 0.65  # slower than the default it had without runs
+    assert set(joint.efficiency) == {"a100-sxm-80gb", "b200"}
+    assert joint.efficiency["b200"] < 0.60  # the 0.17 s the overhead leaves out is read as slower GEMMs
     unruled = joint_fit(both, calibrate.calibration_key, tables)
     assert unruled.overhead_s > alone.overhead_s + 0.005
