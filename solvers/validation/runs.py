@@ -153,17 +153,14 @@ def run_from_row(index: int, r: dict) -> Run:
         instance = instance_from_dict(data, f"runs row {index}")
     except ValueError as exc:
         return skip(f"cannot build the model: {exc}")
-    layers = instance.model.num_layers
-    split = _layers_per_stage(r, layers, pp)
+    split = _layers_per_stage(r, instance.model.num_layers, pp, vpp)
     if isinstance(split, str):
         return skip(split)
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
-                          zero_stage=zero, layers_per_stage=split or even_split(layers, pp), gpus=tuple(range(n_gpus)),
+                          zero_stage=zero, layers_per_stage=split, gpus=tuple(range(n_gpus)),
                           recompute_num_layers=block)
     if block and (instance.training.software_stack == "megatron-deepspeed" or instance.model.moe is not None):
         return skip("block recompute is modelled for dense models on the megatron and PyTorch stacks")
-    if not split and vpp > 1 and any(n % vpp for n in placement.layers_per_stage):
-        return skip(f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly")
     if gbs % (mbs * dp):
         return skip(f"global batch {gbs} not divisible by micro-batch {mbs} x dp {dp}")
     measured, how = _measured_time(r, instance, n_gpus)
@@ -173,13 +170,16 @@ def run_from_row(index: int, r: dict) -> Run:
                   "measured_how": how})
 
 
-def _layers_per_stage(r: dict, layers: int, pp: int) -> tuple[int, ...] | str | None:
-    """An optional `layers_per_stage` column (comma-separated, as the MoE format's: Megatron-Core's embedding- and
-    loss-accounting splits give the first and last stage fewer layers); None where blank, else the split or why it
-    is not one."""
+def _layers_per_stage(r: dict, layers: int, pp: int, vpp: int) -> tuple[int, ...] | str:
+    """The layers per pipeline stage, or why the row gives none: an optional `layers_per_stage` column
+    (comma-separated, as the MoE format's: Megatron-Core's embedding- and loss-accounting splits give the first and
+    last stage fewer layers), else an even split, whose stages must split into vpp chunks evenly."""
     text = (r.get("layers_per_stage") or "").strip()
     if not text:
-        return None
+        split = even_split(layers, pp)
+        if vpp > 1 and any(n % vpp for n in split):
+            return f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly"
+        return split
     try:
         split = tuple(int(x) for x in text.split(","))
     except ValueError:
