@@ -21,7 +21,7 @@ CATALOG = {k: v for k, v in json.loads((DATA_DIR / "gpu_types.json").read_text()
 SOURCES = json.loads((DATA_DIR / "gpu_sources.json").read_text())
 CALIBRATION = json.loads((DATA_DIR / "calibration.json").read_text())
 NEW_TYPES = ("b300", "gb200", "gb300", "h20-96gb", "h200-nvl-141gb", "mi300x", "mi325x", "mi355x")
-UNFITTED = ("b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi355x")
+UNFITTED = ("mi300x", "mi325x", "mi355x")
 SAMPLES = sorted((REPO / "instances" / "samples" / "catalog").glob("*.json"))
 
 
@@ -108,6 +108,18 @@ def test_a_type_without_calibrated_runs_is_marked_and_runs_at_the_default(name, 
     assert calibration_basis(name, stack) is None
     gpu = gpu_type_from_dict(name, {"preset": name}, "<test>", "cluster.gpu_types", stack)
     assert gpu.matmul_efficiency == CALIBRATION["default"]["matmul_efficiency"]
+
+
+@pytest.mark.parametrize("chip, members", [("b200", ("b200", "gb200")), ("gb300", ("gb300", "b300"))])
+def test_blackwell_parts_share_their_die_s_fit(chip, members):
+    """Blackwell (B200, GB200) and Blackwell Ultra (GB300, B300) are fitted on Megatron-Bridge's and NeMo's
+    published runs (docs/validation.md); every form factor of a die carries its fit, the stacks without runs of
+    their own its Megatron fit."""
+    assert CHIPS[chip] == members
+    for name in members:
+        assert CALIBRATION[name] == CALIBRATION[chip]
+        assert calibration_basis(name, "torchtitan") == calibration_basis(name) == CALIBRATION[chip]["fitted_on"]
+        assert CALIBRATION[name]["matmul_efficiency"] != CALIBRATION["default"]["matmul_efficiency"]
 
 
 @pytest.mark.parametrize("name", ["h20-96gb", "h200-nvl-141gb"])

@@ -80,7 +80,7 @@ def gpu_catalog(software_stack: str = "megatron") -> dict[str, dict]:
 def calibration_basis(name: str, software_stack: str = "megatron") -> str | None:
     """What a catalog type's GEMM efficiency was fitted on (calibration.json's `fitted_on`: the stack's own fit, else
     the type's Megatron-LM fit, as gpu_catalog merges them); None for a type with no fit, which runs at the
-    uncalibrated `default` (B200, B300, GB200, GB300, MI300X, MI325X, MI355X: no published run of theirs is fitted)."""
+    uncalibrated `default` (MI300X, MI325X, MI355X: no published run of theirs is fitted)."""
     calibration = _load_json(CALIBRATION_PATH)
     fit = calibration.get(f"{name}+{software_stack}") or calibration.get(name) or {}
     return fit.get("fitted_on")

@@ -27,8 +27,23 @@ CHIPS = {
     "h100-sxm-80gb": ("h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w", "h200-sxm-141gb", "h200-nvl-141gb",
                       "h20-96gb"),
     "v100-sxm-32gb": ("v100-sxm-32gb",),
+    # Blackwell (B200 on HGX boards, GB200 in NVL72 racks) and Blackwell Ultra (B300, GB300): two dies, two fits;
+    # their peaks differ by form factor (gpu_types.json), so the efficiency against the peak is what they share
+    "b200": ("b200", "gb200"),
+    "gb300": ("gb300", "b300"),
 }
 FITTED = ("matmul_efficiency",)  # per chip and stack; iteration_overhead_s is shared (`default`)
+# The chips whose runs choose the shared per-iteration overhead (C14). A chip added to CHIPS later fits its
+# GEMM efficiency at that overhead (joint_fit's `votes`), so adding its runs moves no other chip's figures;
+# making it a voter is a decision of its own, measured leave-one-source-out (docs/validation.md).
+OVERHEAD_CHIPS = ("a100-sxm-80gb", "h100-sxm-80gb", "v100-sxm-32gb")
+
+
+def votes_on_overhead(key: str) -> bool:
+    """Whether a calibration key's runs choose the shared overhead (OVERHEAD_CHIPS)."""
+    return key.partition("+")[0] in OVERHEAD_CHIPS
+
+
 def chip_of(gpu_type: str) -> str | None:
     return next((chip for chip, members in CHIPS.items() if gpu_type in members), None)
 
@@ -55,7 +70,7 @@ def fit(runs: list[Run]) -> dict[str, dict]:
     """Per chip and software stack, the GEMM efficiency and the shared per-iteration overhead (in every entry)
     minimising the squared log error on the calibration split (solvers/validation/joint_fit.py)."""
     train = [r for r in usable(runs) if not is_test_row(r.row)]
-    result = joint_fit(train, calibration_key, TimeTables(train, with_parameters))
+    result = joint_fit(train, calibration_key, TimeTables(train, with_parameters), votes_on_overhead)
     return {key: {"matmul_efficiency": round(efficiency, 6), "iteration_overhead_s": result.overhead_s,
                   "fitted_on_rows": [r.row for r in train if calibration_key(r) == key]}
             for key, efficiency in result.efficiency.items()}
@@ -73,9 +88,10 @@ def write_calibration(fitted: dict[str, dict], path: Path = CALIBRATION_PATH) ->
                 current[name + (f"+{stack}" if stack else "")] = {k: values[k] for k in FITTED} | {
                     "fitted_on": f"{key} rows {values['fitted_on_rows']}"}
     current["_comment"] = ("Fitted by `solve calibrate --write` on the calibration split (rows with row % 3 != 0) of "
-                           "the packaged reference runs (published_runs.csv and published_runs_torchtitan.csv, whose "
-                           "rows count from 1000): matmul_efficiency per chip and software stack, and one "
-                           "iteration_overhead_s shared by all (in `default`); the shape and attention parameters "
+                           "the packaged reference runs (published_runs.csv and the files crossval.reference_runs "
+                           "numbers from 1000 on): matmul_efficiency per chip and software stack, and one "
+                           "iteration_overhead_s shared by all (in `default`, chosen by the runs of OVERHEAD_CHIPS in "
+                           "solvers/validation/calibrate.py); the shape and attention parameters "
                            "are catalog facts (gpu_types.json). `default` fills GPU types without a fit.")
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(current, indent=2) + "\n")

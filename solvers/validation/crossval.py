@@ -27,12 +27,12 @@ from formulation.evaluate import evaluate
 from formulation.inputs.gpus import gpu_catalog
 from formulation.intervals import MIN_GROUP_RUNS, POOLED, interval_group, stack_kind
 from formulation.physics.memory import GIB
-from solvers.validation.calibrate import calibration_key, chip_of, with_parameters
+from solvers.validation.calibrate import calibration_key, chip_of, votes_on_overhead, with_parameters
 from solvers.validation.joint_fit import TimeTables, joint_fit
 from solvers.validation.runs import Run, load_runs
 
 # Source families: one family per document (or set of documents) written by one team for one stack and era.
-FAMILIES = (("SC21", "Megatron-LM SC21 paper"), ("Korthikanti", "Korthikanti et al. 2022"),
+FAMILIES = (("Megatron-Bridge", "Megatron-Bridge performance summary"), ("SC21", "Megatron-LM SC21 paper"), ("Korthikanti", "Korthikanti et al. 2022"),
             ("Sept 2020", "Megatron-LM README 2020"), ("Training Speed", "Megatron-LM README 2024"),
             ("strong scaling", "Megatron-LM README 2024"), ("examples/llama", "Megatron-LM Llama examples"),
             ("performance_summary", "NeMo performance summary"),
@@ -50,6 +50,8 @@ TORCHTITAN_FLOAT8_ROW_OFFSET = 1100
 TORCHTITAN_COMMUNITY_ROW_OFFSET = 1200
 # IBM's PyTorch FSDP benchmarks (foundation-model-stack/fms-fsdp), in a file of our own
 FMS_FSDP_ROW_OFFSET = 1300
+# Megatron-Bridge's published Blackwell (B200, GB200, GB300) rows, in a file of our own
+MEGATRON_BRIDGE_ROW_OFFSET = 1400
 
 
 def source_family(source: str) -> str:
@@ -58,13 +60,14 @@ def source_family(source: str) -> str:
 
 def reference_runs() -> list[Run]:
     """Every packaged reference run: the main file, torchtitan's benchmarks (rows offset by 1000), their float8
-    rows (offset by 1100), the community benchmark files of torchtitan's repository (offset by 1200) and IBM's
-    fms-fsdp benchmarks (offset by 1300)."""
+    rows (offset by 1100), the community benchmark files of torchtitan's repository (offset by 1200), IBM's
+    fms-fsdp benchmarks (offset by 1300) and Megatron-Bridge's Blackwell rows (offset by 1400)."""
     runs = load_runs(REFERENCE_DIR / "published_runs.csv")
     for name, offset in (("published_runs_torchtitan.csv", TORCHTITAN_ROW_OFFSET),
                          ("published_runs_torchtitan_float8.csv", TORCHTITAN_FLOAT8_ROW_OFFSET),
                          ("published_runs_torchtitan_community.csv", TORCHTITAN_COMMUNITY_ROW_OFFSET),
-                         ("published_runs_fms_fsdp.csv", FMS_FSDP_ROW_OFFSET)):
+                         ("published_runs_fms_fsdp.csv", FMS_FSDP_ROW_OFFSET),
+                         ("published_runs_megatron_bridge.csv", MEGATRON_BRIDGE_ROW_OFFSET)):
         for run in load_runs(REFERENCE_DIR / name):
             run.row += offset
             runs.append(run)
@@ -159,7 +162,7 @@ def cross_validate(runs: list[Run], in_sample: bool = False, progress=None, adju
     for k, fold in enumerate(folds):
         held = [r for r in runs + ooms if fold_of(by, r) == fold]
         fit = None if in_sample else joint_fit([r for r in fitted if outside_fold(by, fold, r)], calibration_key,
-                                               tables)
+                                               tables, votes_on_overhead)
         for run in held:
             # the fold's overhead for every run, those of a chip without a fit (B200) included
             params = None if fit is None else {"iteration_overhead_s": fit.overhead_s}

@@ -58,9 +58,12 @@ class TimeTables:
         return self._fine[run.row]
 
 
-def joint_fit(runs, key_of, tables: TimeTables) -> Fit:
+def joint_fit(runs, key_of, tables: TimeTables, votes=None) -> Fit:
     """The efficiencies per `key_of(run)` and the shared overhead minimising the summed Huber loss of the log
-    errors of `runs` (the overhead held at 0 when the `iteration_overhead` physics term is off)."""
+    errors of `runs` (the overhead held at 0 when the `iteration_overhead` physics term is off).
+    `votes(key)`: whether a key's runs choose the overhead (all of them by default; where none of the keys
+    present votes, all do); the other keys fit their efficiency at the overhead the voters chose, so adding
+    their runs moves no voter's figure."""
     from solvers.validation.fewshot import HUBER_RUNS, RUN_SPREAD  # fewshot imports crossval, which imports us
     overheads = OVERHEAD_GRID_S if term("iteration_overhead") else np.zeros(1)
     keys = sorted({key_of(r) for r in runs})
@@ -74,7 +77,8 @@ def joint_fit(runs, key_of, tables: TimeTables) -> Fit:
                          for c in overheads])
         best_index.append(loss.argmin(axis=1))
         losses.append(loss.min(axis=1))
-    c = int(np.argmin(np.sum(losses, axis=0)))
+    voters = [loss for key, loss in zip(keys, losses) if votes is None or votes(key)] or losses
+    c = int(np.argmin(np.sum(voters, axis=0)))
     return Fit({key: float(EFFICIENCY_FINE[best[c]]) for key, best in zip(keys, best_index)}, float(overheads[c]))
 
 

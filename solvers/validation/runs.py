@@ -3,7 +3,7 @@
 Defaults for blank cells (documented in docs/validation.md):
 - kv_heads blank: multi-head attention (kv_heads = heads). MLP: GELU with 2 matrices when ffn = 4 x hidden
   (GPT, MPT, Nemotron's squared ReLU), SwiGLU otherwise. GPT-style runs (GELU) carry dropout.
-- cp, vp, mbs blank: 1. recompute blank: none; `block:r` is Megatron-LM's block method (recompute "full" with
+- cp, vp, mbs blank: 1. layers_per_stage (an optional column) blank: layers split evenly over pp. recompute blank: none; `block:r` is Megatron-LM's block method (recompute "full" with
   recompute_num_layers r: the first r layers of each model chunk). zero blank: 1 (Megatron distributed optimizer) for
   Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
@@ -153,14 +153,14 @@ def run_from_row(index: int, r: dict) -> Run:
         instance = instance_from_dict(data, f"runs row {index}")
     except ValueError as exc:
         return skip(f"cannot build the model: {exc}")
-    layers = instance.model.num_layers
+    split = _layers_per_stage(r, instance.model.num_layers, pp, vpp)
+    if isinstance(split, str):
+        return skip(split)
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
-                          zero_stage=zero, layers_per_stage=even_split(layers, pp), gpus=tuple(range(n_gpus)),
+                          zero_stage=zero, layers_per_stage=split, gpus=tuple(range(n_gpus)),
                           recompute_num_layers=block)
     if block and (instance.training.software_stack == "megatron-deepspeed" or instance.model.moe is not None):
         return skip("block recompute is modelled for dense models on the megatron and PyTorch stacks")
-    if vpp > 1 and any(n % vpp for n in placement.layers_per_stage):
-        return skip(f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly")
     if gbs % (mbs * dp):
         return skip(f"global batch {gbs} not divisible by micro-batch {mbs} x dp {dp}")
     measured, how = _measured_time(r, instance, n_gpus)
@@ -168,6 +168,25 @@ def run_from_row(index: int, r: dict) -> Run:
         return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
     return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
                   "measured_how": how})
+
+
+def _layers_per_stage(r: dict, layers: int, pp: int, vpp: int) -> tuple[int, ...] | str:
+    """The layers per pipeline stage, or why the row gives none: an optional `layers_per_stage` column
+    (comma-separated, as the MoE format's: Megatron-Core's embedding- and loss-accounting splits give the first and
+    last stage fewer layers), else an even split, whose stages must split into vpp chunks evenly."""
+    text = (r.get("layers_per_stage") or "").strip()
+    if not text:
+        split = even_split(layers, pp)
+        if vpp > 1 and any(n % vpp for n in split):
+            return f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly"
+        return split
+    try:
+        split = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        return f"layers_per_stage {text!r}: expected comma-separated whole numbers"
+    if len(split) != pp or sum(split) != layers or min(split) < 1:
+        return f"layers_per_stage {split} is not {pp} stages of {layers} layers"
+    return split
 
 
 def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: int, old: bool) -> dict:
