@@ -1,0 +1,329 @@
+"""Re-planning after failures: the best plan on the GPUs that survive, warm-started from the old plan
+(docs/replan.md).
+
+The space is every configuration of every world size w up to the survivors' count, on the first w survivors
+in `Survivors.order` (a world of all survivors is what a fresh `solve` of the reduced cluster plans). Two first
+candidates come from the old plan, scored by the evaluator: its configuration with failed GPUs replaced by spares
+(when there are enough), and its configuration with the largest smaller dp that the batch and the survivors
+allow, keeping the replicas that lost no GPU where they were. The best of them is the incumbent that every
+configuration's bound must beat. Then, smallest bound first:
+- clusters within the exact program's reach: each world size's exact search (solvers/search/uniform.py);
+- beyond: each configuration's memory check, (B1) and its default map's score, then (B2) where the bound still
+  could beat the incumbent, then the best configurations' layers split exactly for their maps.
+Every configuration keeps a valid lower bound at every moment ((B0) until it is reached: it depends on the
+configuration only, not on the GPUs chosen), so a time limit leaves an honest bound and gap."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from formulation.errors import InfeasibleError, InputError
+from formulation.evaluate import evaluate
+from formulation.inputs.failures import Survivors
+from formulation.inputs.job import DATA_PARALLEL_ONLY
+from formulation.physics import layer_kinds
+from formulation.physics.stage import stage_constants
+from formulation.placement import Placement, check_placement, default_split
+from formulation.shards import ranks_moved
+from formulation.space import divisors, memory_feasible, partition_fits, placement_for, schedules
+from solvers.bounds.configs import cut_bound, lower_bound
+from solvers.bounds.work import WorkBound
+from solvers.local.partition import best_partition
+from solvers.search.driver import (INF, Item, NoPlanInTime, Tally, bound_and_prune, closing_status, global_bound,
+                                   interruptible, prunes)
+from solvers.search.uniform import exact_is_tractable, search
+
+# the best configurations whose layers are split exactly for their map at the end (beyond the exact program)
+PARTITIONED = 3
+
+
+@dataclass
+class Option(Item):
+    """One configuration on the first `world` survivors (or, `warm` set, a plan from the old one)."""
+
+    world: int = 0
+    warm: str = ""
+    caps: list | None = None
+
+
+@dataclass
+class Replan(Tally):
+    """The answer: the plan on the original cluster's GPU indices, its bound, and what it means against the old."""
+
+    placement: Placement | None = None
+    estimate: object = None
+    bound_s: float = 0.0
+    gap: float = 0.0
+    method: str = ""
+    old_estimate: object = None
+    survivors: Survivors | None = None
+    warm: list = field(default_factory=list)  # (label, placement, estimate) of the warm starts
+    ranks_moved: int = 0
+    spares_plan: tuple | None = None  # (placement, estimate): the old configuration on spares, if it survives
+
+    @property
+    def old_config_survives(self) -> bool:
+        return self.spares_plan is not None
+
+
+def replan(instance, old: Placement, failed, time_limit_s: float | None = None, seed: int = 0,
+           solver: str = "cpsat", progress=None) -> Replan:
+    """The best plan on the survivors of `failed` (global GPU indices of `instance`), warm-started from `old`."""
+    start = time.perf_counter()
+    deadline = start + time_limit_s if time_limit_s else INF
+    surv = Survivors.of(instance, failed)
+    result = Replan(survivors=surv, old_estimate=evaluate(instance, old, check=False))
+    result.warm = warm_starts(instance, old, surv)
+    spares = [w for w in result.warm if w[0] == "spares"]
+    result.spares_plan = (spares[0][1], spares[0][2]) if spares else None
+    items = [Option(w[1].config, lower_bound=w[2].iteration_time_s, bound=w[2].iteration_time_s,
+                    value=w[2].iteration_time_s, placement=w[1], estimate=w[2], world=w[1].world_size, warm=w[0])
+             for w in result.warm]
+    options = every_option(surv, sharpened_work_bound(surv.all[0], WorkBound(surv.all[0])))
+    exact = exact_is_tractable(surv.all[0])
+    with interruptible(result):
+        if exact:
+            _exact_worlds(surv, options, items, result, solver, deadline, seed, progress)
+        else:
+            _configurations(surv, options, items, result, solver, deadline, progress)
+    ranked = sorted((i for i in items + options if i.estimate is not None),
+                    key=lambda i: (i.estimate.iteration_time_s, i.warm != "", i.config))
+    if not ranked:
+        if result.stopped:
+            raise NoPlanInTime(f"no plan on the {surv.num_gpus} surviving GPUs within the time limit")
+        raise InfeasibleError(f"no configuration fits on the {surv.num_gpus} surviving GPUs")
+    best = ranked[0]
+    result.placement = best.placement if best.warm or not exact else _original(best.placement, surv.first(best.world)[1])
+    result.estimate = evaluate(instance, result.placement)
+    time_s = result.estimate.iteration_time_s
+    result.bound_s = min(time_s, global_bound(items + options))
+    result.gap, result.status = closing_status(time_s, result.bound_s, result.stopped)
+    result.method = ("exact per world size" if exact else "bounds and default maps per configuration") + \
+        (f", warm start {best.warm}" if best.warm else "")
+    result.ranks_moved = ranks_moved(old, result.placement, instance.model.num_layers)
+    result.candidates = len(options)
+    result.wall_time_s = time.perf_counter() - start
+    return result
+
+
+def every_option(surv: Survivors, work_bound: WorkBound) -> list[Option]:
+    """Every configuration of every world size up to the survivors' count, with its (B0). tp stays within the
+    smallest node of its world (as `formulation.space.configurations` on that world's cluster)."""
+    inst = surv.all[0]
+    model, job = inst.model, inst.training
+    sizes = np.cumsum([n.num_gpus for n in inst.cluster.nodes])
+    fsdp_only = job.software_stack in DATA_PARALLEL_ONLY
+    out = []
+    for dp in divisors(job.global_batch_size):
+        for tp in divisors(int(max(n.num_gpus for n in inst.cluster.nodes))):
+            if model.num_attention_heads % tp or model.num_kv_heads % tp or \
+                    (job.max_tensor_parallel_size and tp > job.max_tensor_parallel_size) or (fsdp_only and tp > 1):
+                continue
+            for cp in job.context_parallel_sizes:
+                if job.seq_length % cp or (fsdp_only and cp > 1):
+                    continue
+                for pp in range(1, min(model.num_layers, surv.num_gpus // (tp * cp * dp)) + 1):
+                    world = tp * cp * dp * pp
+                    if fsdp_only and pp > 1 or tp > _smallest_node(sizes, world):
+                        continue
+                    out += [Option(c, lower_bound=work_bound(c), world=world) for c in schedules(inst, tp, pp, cp, dp)]
+    return out
+
+
+def _smallest_node(sizes: np.ndarray, world: int) -> int:
+    """The fewest GPUs of a node among the first `world` survivors (the last node may be cut)."""
+    k = int(np.searchsorted(sizes, world))
+    whole = np.diff(np.concatenate([[0], sizes[:k]]))
+    cut = world - (int(sizes[k - 1]) if k else 0)
+    return int(min([*whole, cut] if cut else whole))
+
+
+def _exact_worlds(surv, options, items, result, solver, deadline, seed, progress) -> None:
+    """Within the exact program's reach: one item per world size (its least (B0)), solved by the exact search of
+    its cluster; the item's bound is that search's."""
+    worlds: dict[int, Option] = {}
+    for o in options:
+        w = worlds.get(o.world)
+        if w is None or o.lower_bound < w.lower_bound:
+            worlds[o.world] = Option(o.config, lower_bound=o.lower_bound, world=o.world)
+    options[:] = list(worlds.values())
+
+    def solve_world(item: Option, kth: float) -> None:
+        sub, _ = surv.first(item.world)
+        left = None if deadline == INF else max(0.05, deadline - time.perf_counter())
+        try:
+            found = search(sub, solver=solver, time_limit_s=left, seed=seed, exact=True, anneal_moves=0)
+        except InfeasibleError:
+            item.bound = INF
+            return
+        except NoPlanInTime:
+            result.stopped = "time limit"
+            return
+        best = found.ranked[0]
+        item.config, item.placement, item.estimate = best.config, best.placement, best.estimate
+        item.value = best.estimate.iteration_time_s
+        item.bound = found.bound_s
+        result.solved += found.status == "optimal"
+        result.improved(item.value)
+        if found.stopped:
+            result.stopped = found.stopped
+
+    result.pruned += bound_and_prune(items + options, _skip_warm(solve_world), result, 1, deadline, progress)
+
+
+def _skip_warm(solve_one):
+    def run(item: Option, kth: float) -> None:
+        if not item.warm:
+            solve_one(item, kth)
+    return run
+
+
+def _configurations(surv, options, items, result, solver, deadline, progress) -> None:
+    """Beyond the exact program: configurations smallest bound first (memory, the default map's score on the
+    original cluster, whose link caches every world shares), then (B1) and (B2) where the bound could still
+    beat the incumbent, then exact layer splits of the best maps."""
+    instance, mem = surv.instance, surv.all[0]
+    gpu_type = max(mem.cluster.gpu_types.values(), key=lambda g: g.memory_gib)
+
+    def first_look(o: Option, kth: float) -> None:
+        fits, o.caps = partition_fits(mem, o.config, gpu_type)
+        if not fits:
+            o.bound = INF
+            result.infeasible += 1
+            return
+        split = default_split(mem.model.num_layers, o.config.pp, o.config.vpp)
+        if split is None:
+            return
+        default = placement_for(o.config, split, surv.order[:o.world])
+        if memory_feasible(mem, default)[0]:
+            est = evaluate(instance, default, check=False)
+            if est.fits:
+                o.value, o.placement, o.estimate, o.warm = est.iteration_time_s, default, est, ""
+                result.improved(o.value)
+
+    everything = items + options
+    result.pruned += bound_and_prune(everything, _skip_warm(first_look), result, 1, deadline, progress)
+    for refine in (lambda o, sub: lower_bound(sub, o.config, o.caps), lambda o, sub: cut_bound(sub, o.config)):
+        best = min(i.value for i in everything if i.value is not None)
+        for o in sorted((o for o in options if o.caps is not None and o.open_bound < best),
+                        key=lambda o: (o.open_bound, o.config)):
+            if time.perf_counter() >= deadline:
+                result.stopped = "time limit"
+                return
+            o.lower_bound = max(o.lower_bound, refine(o, surv.first(o.world)[0]))
+    scored = sorted((o for o in options if o.placement is not None), key=lambda o: (o.value, o.config))
+    for o in scored[:PARTITIONED]:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            result.stopped = "time limit"
+            return
+        better = best_partition(instance, o.placement, solver=solver, time_limit_s=min(30.0, left))
+        if better is not None:
+            est = evaluate(instance, better)
+            if est.fits and est.iteration_time_s < o.value:
+                o.value, o.placement, o.estimate = est.iteration_time_s, better, est
+                result.improved(o.value)
+
+
+def sharpened_work_bound(instance, work_bound: WorkBound):
+    """(B0) with the slowest stage holding at least vpp ceil(L / (pp vpp)) layers (stages hold whole chunks), each
+    at least the least per-layer compute over GPU types: (m - 1/vpp) max(W / pp, that) + W / vpp + overhead. For a
+    model of one layer kind; a model mixing dense and MoE layers keeps (B0)."""
+    model = instance.model
+    if layer_kinds.is_mixed(model):
+        return work_bound
+    per_layer: dict[tuple, float] = {}
+
+    def bound(config) -> float:
+        key = (config.tp, config.cp, config.micro_batch_size, config.recompute, config.ep, config.etp)
+        if key not in per_layer:
+            p = placement_for(config, (1,) * config.pp, range(config.tp * config.pp * config.cp * config.dp))
+            per_layer[key] = min(k.f_compute + k.b_compute for k in
+                                 (stage_constants(instance, p, 0, g) for g in instance.cluster.gpu_types.values()))
+        L, P, v = model.num_layers, config.pp, config.vpp
+        m = instance.training.global_batch_size // (config.micro_batch_size * config.dp)
+        heaviest = v * -(-L // (P * v)) * per_layer[key]
+        extra = (m - 1 / v) * max(0.0, heaviest - work_bound.work(config) / P)
+        return work_bound(config) + extra * (1 - 1e-9)
+    return bound
+
+
+def _original(placement: Placement, to_original: np.ndarray) -> Placement:
+    """A plan on a survivors' cluster as a plan on the original cluster's GPU indices."""
+    return dataclasses.replace(placement, gpus=tuple(int(to_original[g]) for g in placement.gpus))
+
+
+def warm_starts(instance, old: Placement, surv: Survivors) -> list[tuple[str, Placement, object]]:
+    """The old configuration on the survivors, scored on the original cluster: `spares` (failed GPUs replaced by
+    unused survivors, node for node where a whole node is free) and `smaller dp` (the replicas that lost no GPU
+    kept where they were, the others' ranks on unused survivors). Those that do not fit are left out."""
+    out = []
+    for label, placement in (("spares", _on_spares(old, surv)), ("smaller dp", _smaller_dp(instance, old, surv))):
+        if placement is None:
+            continue
+        try:
+            check_placement(instance, placement, f"<{label}>")
+        except InputError:
+            continue
+        est = evaluate(instance, placement, check=False)
+        if est.fits:
+            out.append((label, placement, est))
+    return out
+
+
+def _unused(used, surv: Survivors) -> list[int]:
+    used = set(used)
+    return [g for g in surv.order if g not in used]
+
+
+def _on_spares(old: Placement, surv: Survivors) -> Placement | None:
+    cluster, dead = surv.instance.cluster, set(surv.failed)
+    hit = [g for g in old.gpus if g in dead]
+    if not hit:
+        return old
+    spare = _unused(old.gpus, surv)
+    if len(spare) < len(hit):
+        return None
+    swap: dict[int, int] = {}
+    free_nodes = [n for n in surv.node_order if all(g in spare for g in cluster.gpus_of_nodes([n]))]
+    for node in dict.fromkeys(int(cluster.gpu_node[g]) for g in hit):
+        size = cluster.nodes[node].num_gpus
+        twin = next((n for n in free_nodes if cluster.nodes[n].num_gpus == size and
+                     cluster.nodes[n].gpu_type == cluster.nodes[node].gpu_type), None)
+        if twin is not None:
+            free_nodes.remove(twin)
+            for g, s in zip(cluster.gpus_of_nodes([node]), cluster.gpus_of_nodes([twin])):
+                if g in dead:
+                    swap[g] = s
+    taken = set(swap.values())
+    rest = iter(g for g in spare if g not in taken)
+    gpus = [swap.get(g) or next(rest) if g in dead else g for g in old.gpus]
+    return dataclasses.replace(old, gpus=tuple(int(g) for g in gpus))
+
+
+def _smaller_dp(instance, old: Placement, surv: Survivors) -> Placement | None:
+    dead, gbs = set(surv.failed), instance.training.global_batch_size
+    grid = old.grid  # [pp, dp, cp, tp]
+    whole = [d for d in range(old.dp) if not any(int(g) in dead for g in grid[:, d].ravel())]
+    per_replica = old.tp * old.cp * old.pp
+    for dp in sorted((d for d in divisors(gbs) if d < old.dp and d * per_replica <= surv.num_gpus), reverse=True):
+        if gbs % (old.micro_batch_size * dp):
+            continue
+        kept = whole[:dp]
+        spare = iter(_unused(grid[:, kept].ravel(), surv))
+        new = np.empty((old.pp, dp, old.cp, old.tp), dtype=np.int64)
+        new[:, :len(kept)] = grid[:, kept]
+        for d in range(len(kept), dp):
+            for s in range(old.pp):
+                new[s, d] = np.array([next(spare) for _ in range(old.cp * old.tp)]).reshape(old.cp, old.tp)
+        placement = dataclasses.replace(old, dp=dp, gpus=tuple(int(g) for g in new.ravel()))
+        try:
+            check_placement(instance, placement, "<smaller dp>")
+        except InputError:
+            continue
+        return placement
+    return None
