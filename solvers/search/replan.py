@@ -306,6 +306,16 @@ def _on_spares(old: Placement, surv: Survivors) -> Placement | None:
 
 
 def _smaller_dp(instance, old: Placement, surv: Survivors) -> Placement | None:
+    """The old configuration with the largest smaller dp that fits (its recompute first, then the job's other
+    choices: fewer replicas hold more optimizer state each)."""
+    for recompute in dict.fromkeys([old.recompute, *instance.training.recompute]):
+        candidate = _fewer_replicas(instance, dataclasses.replace(old, recompute=recompute), surv)
+        if candidate is not None and evaluate(instance, candidate, check=False).fits:
+            return candidate
+    return None
+
+
+def _fewer_replicas(instance, old: Placement, surv: Survivors) -> Placement | None:
     dead, gbs = set(surv.failed), instance.training.global_batch_size
     grid = old.grid  # [pp, dp, cp, tp]
     whole = [d for d in range(old.dp) if not any(int(g) in dead for g in grid[:, d].ravel())]
