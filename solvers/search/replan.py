@@ -206,7 +206,11 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
                 result.improved(o.value)
 
     everything = items + options
-    result.pruned += bound_and_prune(everything, _skip_warm(first_look), result, 1, deadline, progress)
+    # what the warm start already beats stays out of the driver's list (its kth scan is linear in the list)
+    cutoff = min((i.value for i in items), default=INF)
+    open_ = [o for o in options if not prunes(o.lower_bound, cutoff)]
+    result.pruned += len(options) - len(open_)
+    result.pruned += bound_and_prune(items + open_, _skip_warm(first_look), result, 1, deadline, progress)
     for refine in (lambda o, sub: lower_bound(sub, o.config, o.caps), lambda o, sub: cut_bound(sub, o.config)):
         best = min(i.value for i in everything if i.value is not None)
         for o in sorted((o for o in options if o.caps is not None and o.open_bound < best),
