@@ -40,6 +40,9 @@ from solvers.search.uniform import exact_is_tractable, search
 
 # the best configurations whose layers are split exactly for their map at the end (beyond the exact program)
 PARTITIONED = 3
+# a partition program's table scores each stage at each layer count: about this many evaluations of the map
+# (h100_1024: 3.4 s against 0.22 s cold, h100_16384: 35 s against 1.3 s), so it is not started with less time left
+PARTITION_COST = 40
 # configurations, smallest (B0) first, whose per-layer bound is computed before any default map is scored
 LOOK_AHEAD = 256
 
@@ -51,6 +54,7 @@ class Option(Item):
     world: int = 0
     warm: str = ""
     caps: list | None = None
+    score_s: float = 0.0  # how long the evaluator took on its default map
 
 
 @dataclass
@@ -201,7 +205,7 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
                 result.infeasible += 1
                 return False
             o.caps = caps
-            o.lower_bound = max(o.lower_bound, unit_bound(surv.first(o.world)[0], o.config, caps))
+            o.lower_bound = max(o.lower_bound, unit_bound(mem, o.config, caps))
         return o.bound is None
 
     def first_look(o: Option, kth: float) -> None:
@@ -212,7 +216,9 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
             return
         default = placement_for(o.config, split, surv.order[:o.world])
         if memory_feasible(mem, default)[0]:
+            began = time.perf_counter()
             est = evaluate(instance, default, check=False)
+            o.score_s = time.perf_counter() - began
             if est.fits:
                 o.value, o.placement, o.estimate = est.iteration_time_s, default, est
                 result.improved(o.value)
@@ -224,7 +230,7 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
     result.pruned += len(options) - len(open_)
     # the per-layer bound of the most promising configurations first (a few milliseconds each), so that the
     # defaults are scored in an order close to their times; the others get it when the driver reaches them
-    lite_until = time.perf_counter() + (deadline - time.perf_counter()) / 2
+    lite_until = time.perf_counter() + (deadline - time.perf_counter()) / 4
     for o in open_[:LOOK_AHEAD]:
         if time.perf_counter() >= lite_until:
             break
@@ -234,9 +240,9 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
     scored = sorted((o for o in options if o.placement is not None), key=lambda o: (o.value, o.config))
     for o in scored[:PARTITIONED]:
         left = deadline - time.perf_counter()
-        if left <= 0:
+        if left <= PARTITION_COST * o.score_s:  # its table of stage times would outlast the limit
             result.stopped = "time limit"
-            return
+            break
         better = best_partition(instance, o.placement, solver=solver, time_limit_s=min(30.0, left))
         if better is not None:
             est = evaluate(instance, better)
@@ -262,7 +268,11 @@ def unit_bound(sub, config, caps) -> float:
     every group at its best shape over `sub`'s fastest links (solvers/bounds/parts.py), so the slowest stage takes
     at least u max(L / pp, vpp ceil(L / (pp vpp))) and all stages u L; (C9) m M + (S - M) / vpp is then at least
     (m - 1/vpp) that + u L / vpp, plus the least overhead. A millisecond where (B1) takes a tenth of a second, and
-    within 1 % of it on h100_1024's configurations. A model mixing dense and MoE layers: -inf (not used)."""
+    within 1 % of it on h100_1024's configurations. A model mixing dense and MoE layers: -inf (not used).
+
+    `sub` may hold more GPUs than the configuration's world (the replan passes every survivor): its fastest links,
+    its spans (the N-th largest of the nodes' (N-1)-th fastest links) and its node count are at least those of any
+    subset, so u is at most the subset's, and the bound holds for a world on any of its GPUs."""
     if layer_kinds.is_mixed(sub.model):
         return -INF
     b = stage_parts(sub, config, caps=caps)
