@@ -253,14 +253,18 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
 
 
 def _raise(surv, options, everything, result, deadline, refine) -> None:
-    """A costlier bound for every configuration whose bound still beats the best plan, smallest first."""
+    """A costlier bound for every configuration whose bound still beats the best plan, smallest first; none is
+    started that would end after the deadline if it took as long as the last one did."""
     best = min((i.value for i in everything if i.value is not None), default=INF)
+    last = 0.0
     for o in sorted((o for o in options if o.caps is not None and o.open_bound < best),
                     key=lambda o: (o.open_bound, o.config)):
-        if time.perf_counter() >= deadline:
+        began = time.perf_counter()
+        if began + last >= deadline:
             result.stopped = "time limit"
             return
         o.lower_bound = max(o.lower_bound, refine(o, surv.first(o.world)[0]))
+        last = time.perf_counter() - began
 
 
 def unit_bound(sub, config, caps) -> float:
