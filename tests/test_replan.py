@@ -14,7 +14,8 @@ from formulation import InputError, evaluate, load_instance
 from formulation.inputs.failures import Survivors, parse_failed
 from formulation.placement import Placement
 from formulation.shards import ranks_moved, stage_layers
-from solvers.search.replan import replan, warm_starts
+from solvers.search.replan import replan
+from solvers.search.replan_warm import warm_starts
 from test_malformed_inputs import run_cli
 
 SMALL = REPO / "instances" / "small_2x4.json"

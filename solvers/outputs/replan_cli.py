@@ -25,7 +25,8 @@ from solvers.outputs.arguments import OneLineParser, seconds, seed
 from solvers.outputs.files import write_json_atomic
 from solvers.result import PlanResult, SolverReport
 from solvers.search.driver import NoPlanInTime
-from solvers.search.replan import replan, warm_starts
+from solvers.search.replan import replan
+from solvers.search.replan_warm import warm_starts
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formulation.errors import InfeasibleError, InputError
+from formulation.errors import InfeasibleError
 from formulation.evaluate import evaluate
 from formulation.inputs.failures import Survivors
 from formulation.inputs.job import DATA_PARALLEL_ONLY
 from formulation.physics import layer_kinds
 from formulation.physics.stage import stage_constants
-from formulation.placement import Placement, check_placement, default_split
+from formulation.placement import Placement, default_split
 from formulation.shards import ranks_moved
 from formulation.space import divisors, memory_feasible, partition_fits, placement_for, schedules
 from solvers.bounds.configs import cut_bound, lower_bound
@@ -36,6 +36,7 @@ from solvers.bounds.work import WorkBound
 from solvers.local.partition import best_partition
 from solvers.search.driver import (INF, Item, NoPlanInTime, Tally, bound_and_prune, closing_status, global_bound,
                                    interruptible, prunes)
+from solvers.search.replan_warm import warm_starts
 from solvers.search.uniform import exact_is_tractable, search
 
 # the best configurations whose layers are split exactly for their map at the end (beyond the exact program)
@@ -237,19 +238,24 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
         look(o)
     result.pruned += bound_and_prune(items + open_, _skip_warm(first_look), result, 1, deadline, progress)
     _raise(surv, options, everything, result, deadline, lambda o, sub: lower_bound(sub, o.config, o.caps))
+    _partition_best(instance, options, result, solver, deadline)
+    _raise(surv, options, everything, result, deadline, lambda o, sub: cut_bound(sub, o.config))
+
+
+def _partition_best(instance, options, result, solver, deadline) -> None:
+    """The best default maps with their layers split exactly for the map (solvers/local/partition.py)."""
     scored = sorted((o for o in options if o.placement is not None), key=lambda o: (o.value, o.config))
     for o in scored[:PARTITIONED]:
         left = deadline - time.perf_counter()
         if left <= PARTITION_COST * o.score_s:  # its table of stage times would outlast the limit
             result.stopped = "time limit"
-            break
+            return
         better = best_partition(instance, o.placement, solver=solver, time_limit_s=min(30.0, left))
         if better is not None:
             est = evaluate(instance, better)
             if est.fits and est.iteration_time_s < o.value:
                 o.value, o.placement, o.estimate = est.iteration_time_s, better, est
                 result.improved(o.value)
-    _raise(surv, options, everything, result, deadline, lambda o, sub: cut_bound(sub, o.config))
 
 
 def _raise(surv, options, everything, result, deadline, refine) -> None:
@@ -312,85 +318,3 @@ def sharpened_work_bound(instance, work_bound: WorkBound):
 def _original(placement: Placement, to_original: np.ndarray) -> Placement:
     """A plan on a survivors' cluster as a plan on the original cluster's GPU indices."""
     return dataclasses.replace(placement, gpus=tuple(int(to_original[g]) for g in placement.gpus))
-
-
-def warm_starts(instance, old: Placement, surv: Survivors) -> list[tuple[str, Placement, object]]:
-    """The old configuration on the survivors, scored on the original cluster: `spares` (failed GPUs replaced by
-    unused survivors, node for node where a whole node is free) and `smaller dp` (the replicas that lost no GPU
-    kept where they were, the others' ranks on unused survivors). Those that do not fit are left out."""
-    out = []
-    for label, placement in (("spares", _on_spares(old, surv)), ("smaller dp", _smaller_dp(instance, old, surv))):
-        if placement is None:
-            continue
-        try:
-            check_placement(instance, placement, f"<{label}>")
-        except InputError:
-            continue
-        est = evaluate(instance, placement, check=False)
-        if est.fits:
-            out.append((label, placement, est))
-    return out
-
-
-def _unused(used, surv: Survivors) -> list[int]:
-    used = set(used)
-    return [g for g in surv.order if g not in used]
-
-
-def _on_spares(old: Placement, surv: Survivors) -> Placement | None:
-    cluster, dead = surv.instance.cluster, set(surv.failed)
-    hit = [g for g in old.gpus if g in dead]
-    if not hit:
-        return old
-    spare = _unused(old.gpus, surv)
-    if len(spare) < len(hit):
-        return None
-    swap: dict[int, int] = {}
-    free_nodes = [n for n in surv.node_order if all(g in spare for g in cluster.gpus_of_nodes([n]))]
-    for node in dict.fromkeys(int(cluster.gpu_node[g]) for g in hit):
-        size = cluster.nodes[node].num_gpus
-        twin = next((n for n in free_nodes if cluster.nodes[n].num_gpus == size and
-                     cluster.nodes[n].gpu_type == cluster.nodes[node].gpu_type), None)
-        if twin is not None:
-            free_nodes.remove(twin)
-            for g, s in zip(cluster.gpus_of_nodes([node]), cluster.gpus_of_nodes([twin])):
-                if g in dead:
-                    swap[g] = s
-    taken = set(swap.values())
-    rest = iter(g for g in spare if g not in taken)
-    gpus = [swap.get(g) or next(rest) if g in dead else g for g in old.gpus]
-    return dataclasses.replace(old, gpus=tuple(int(g) for g in gpus))
-
-
-def _smaller_dp(instance, old: Placement, surv: Survivors) -> Placement | None:
-    """The old configuration with the largest smaller dp that fits (its recompute first, then the job's other
-    choices: fewer replicas hold more optimizer state each)."""
-    for recompute in dict.fromkeys([old.recompute, *instance.training.recompute]):
-        candidate = _fewer_replicas(instance, dataclasses.replace(old, recompute=recompute), surv)
-        if candidate is not None and evaluate(instance, candidate, check=False).fits:
-            return candidate
-    return None
-
-
-def _fewer_replicas(instance, old: Placement, surv: Survivors) -> Placement | None:
-    dead, gbs = set(surv.failed), instance.training.global_batch_size
-    grid = old.grid  # [pp, dp, cp, tp]
-    whole = [d for d in range(old.dp) if not any(int(g) in dead for g in grid[:, d].ravel())]
-    per_replica = old.tp * old.cp * old.pp
-    for dp in sorted((d for d in divisors(gbs) if d < old.dp and d * per_replica <= surv.num_gpus), reverse=True):
-        if gbs % (old.micro_batch_size * dp):
-            continue
-        kept = whole[:dp]
-        spare = iter(_unused(grid[:, kept].ravel(), surv))
-        new = np.empty((old.pp, dp, old.cp, old.tp), dtype=np.int64)
-        new[:, :len(kept)] = grid[:, kept]
-        for d in range(len(kept), dp):
-            for s in range(old.pp):
-                new[s, d] = np.array([next(spare) for _ in range(old.cp * old.tp)]).reshape(old.cp, old.tp)
-        placement = dataclasses.replace(old, dp=dp, gpus=tuple(int(g) for g in new.ravel()))
-        try:
-            check_placement(instance, placement, "<smaller dp>")
-        except InputError:
-            continue
-        return placement
-    return None
