@@ -162,6 +162,17 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, old_plan, small, flags, 
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1 and phrase in result.stderr, result.stderr
 
 
+def test_cli_refuses_survivors_of_several_gpu_types(tmp_path):
+    inst_path = REPO / "instances" / "a100_h100_64.json"
+    inst = load_instance(inst_path)
+    old = solvers.solve(inst, method="baseline").placement
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"placement": old.to_dict(inst.cluster)}))
+    result = run_cli("replan", "--instance", inst_path, "--plan", plan, "--failed", inst.cluster.nodes[0].name + ":0")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "solve replan plans clusters of one GPU type" in result.stderr
+
+
 def test_cli_refuses_a_plan_of_another_instance(tmp_path):
     other = {"placement": {"tp": 8, "pp": 4, "dp": 4, "gpus": [f"h100-{n:02d}:{g}" for n in range(16)
                                                                 for g in range(8)]}}
@@ -195,6 +206,38 @@ def test_precompute_answers_every_node_and_relabels_interchangeable_ones(tmp_pat
         rep = next(c[0] for c in classes if node in c)
         assert entry["iteration_time_s"] <= index["failures"][inst.cluster.nodes[rep].name]["iteration_time_s"] \
             * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("path, failed", [("small_2x4.json", "s00:1"), ("small_4x2.json", "s01"),
+                                          ("measured_16.json", None)])
+def test_per_layer_bound_holds_for_a_world_on_any_survivors(path, failed):
+    """`unit_bound`, computed on every survivor, against the evaluator's time of placements of the same
+    configuration on other GPUs than the first w: random subsets of the survivors, random rank orders, even
+    and uneven layer splits."""
+    from formulation.space import partition_fits
+    from solvers.bounds.work import WorkBound
+    from solvers.search.replan import every_option, unit_bound
+    inst = load_instance(REPO / "instances" / path)
+    gpus = parse_failed(failed or inst.cluster.nodes[0].name, inst.cluster)
+    surv = Survivors.of(inst, gpus)
+    everyone = surv.all[0]
+    gpu_type = next(iter(everyone.cluster.gpu_types.values()))
+    rng = np.random.default_rng(0)
+    checked = 0
+    for option in every_option(surv, WorkBound(everyone))[::3]:
+        fits, caps = partition_fits(everyone, option.config, gpu_type)
+        if not fits:
+            continue
+        bound = unit_bound(everyone, option.config, caps)
+        L, P, v = inst.model.num_layers, option.config.pp, option.config.vpp
+        for _ in range(4):
+            chosen = rng.choice(np.asarray(surv.order), size=option.world, replace=False)
+            cuts = np.sort(rng.choice(np.arange(1, L // v), size=P - 1, replace=False)) if P > 1 else []
+            layers = tuple(int(x) * v for x in np.diff(np.concatenate([[0], cuts, [L // v]])))
+            placement = Placement.of(option.config, layers, [int(g) for g in chosen])
+            assert bound <= evaluate(inst, placement, check=False).iteration_time_s, option.config.describe()
+            checked += 1
+    assert checked > 20
 
 
 def test_same_answer_for_the_same_seed(small, old_plan):

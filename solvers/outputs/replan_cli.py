@@ -73,6 +73,7 @@ def main(argv: list[str]) -> int:
         if args.precompute:
             return _precompute(instance, old, args)
         failed = parse_failed(args.failed, instance.cluster)
+        _one_gpu_type(instance, failed, args.failed)
         found = replan(instance, old, failed, time_limit_s=args.time_limit, seed=args.seed,
                        solver=_partition_backend())
     except InputError as exc:
@@ -89,6 +90,17 @@ def main(argv: list[str]) -> int:
             return _fail(EXIT_BAD_INPUT, f"error: {args.output}: cannot write: {exc.strerror or exc}")
     print(json.dumps(plan, indent=2) if args.json else summary(instance, found))
     return EXIT_OK
+
+
+def _one_gpu_type(instance, failed, flag_value: str) -> None:
+    """The re-plan's bounds are those of one GPU type's search (several types compose islands: docs/mixed-gpu-types.md)."""
+    dead = set(failed)
+    cluster = instance.cluster
+    types = {cluster.nodes[cluster.gpu_node[g]].gpu_type for g in range(cluster.num_gpus) if g not in dead}
+    if len(types) > 1:
+        raise InputError("--failed", flag_value, f"the survivors hold {len(types)} GPU types ({', '.join(sorted(types))}): "
+                                                 "solve replan plans clusters of one GPU type; plan the survivors with "
+                                                 "solve on an instance without the failed nodes")
 
 
 def _partition_backend() -> str:
