@@ -49,8 +49,8 @@ def parse_failed(text: str, cluster, flag: str = "--failed") -> tuple[int, ...]:
 @dataclass(frozen=True, eq=False)
 class Survivors:
     """The GPUs left after `failed`, in the order plans fill them: whole nodes first, in the listed order except
-    that nodes with a slower link than the others (a slow NIC, a congested pair) come after them, then the nodes
-    that lost some GPUs. `order[k]` is the original global index of survivor k; `instance` is the original."""
+    that nodes whose fastest link to the others is slower than most nodes' (a slow NIC) come after them, then the
+    nodes that lost some GPUs. `order[k]` is the original global index of survivor k; `instance` is the original."""
 
     instance: object
     failed: tuple[int, ...]
@@ -67,10 +67,10 @@ class Survivors:
         inter = cluster.inter_gb_per_s
         alive = [n for n in range(len(cluster.nodes)) if lost[n] < cluster.nodes[n].num_gpus]
         whole = [n for n in alive if lost[n] == 0]
-        slowest = {n: float(np.min(inter[n, [m for m in whole if m != n]])) if len(whole) > 1 else 0.0
-                   for n in whole}
-        usual = max(slowest.values(), default=0.0)
-        key = {n: (lost[n] > 0, slowest.get(n, 0.0) < usual, n) for n in alive}
+        links = np.where(np.isfinite(inter), inter, -np.inf)[np.ix_(whole, whole)]
+        fastest = dict(zip(whole, links.max(axis=1).tolist())) if len(whole) > 1 else {n: 0.0 for n in whole}
+        usual = float(np.median(list(fastest.values()))) if fastest else 0.0
+        key = {n: (lost[n] > 0, fastest.get(n, 0.0) < usual, n) for n in alive}
         node_order = tuple(sorted(alive, key=key.__getitem__))
         order = tuple(g for n in node_order for g in cluster.gpus_of_nodes([n]) if g not in dead)
         return cls(instance, failed, order, node_order)
