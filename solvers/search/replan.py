@@ -41,9 +41,9 @@ from solvers.search.uniform import exact_is_tractable, search
 
 # the best configurations whose layers are split exactly for their map at the end (beyond the exact program)
 PARTITIONED = 3
-# a partition program's table scores each stage at each layer count: about this many evaluations of the map
-# (h100_1024: 3.4 s against 0.22 s cold, h100_16384: 35 s against 1.3 s), so it is not started with less time left
-PARTITION_COST = 40
+# a partition program's table evaluates the map once per layer count (solvers/local/partition.py): it is not
+# started unless that many evaluations fit in the time left (h100_16384, pp 15: 112 rows of 0.27 s, 35 s in all)
+PARTITION_COST = 1.0
 # configurations, smallest (B0) first, whose per-layer bound is computed before any default map is scored
 LOOK_AHEAD = 256
 
@@ -55,7 +55,6 @@ class Option(Item):
     world: int = 0
     warm: str = ""
     caps: list | None = None
-    score_s: float = 0.0  # how long the evaluator took on its default map
 
 
 @dataclass
@@ -217,9 +216,7 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
             return
         default = placement_for(o.config, split, surv.order[:o.world])
         if memory_feasible(mem, default)[0]:
-            began = time.perf_counter()
             est = evaluate(instance, default, check=False)
-            o.score_s = time.perf_counter() - began
             if est.fits:
                 o.value, o.placement, o.estimate = est.iteration_time_s, default, est
                 result.improved(o.value)
@@ -245,11 +242,15 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
 def _partition_best(instance, options, result, solver, deadline) -> None:
     """The best default maps with their layers split exactly for the map (solvers/local/partition.py)."""
     scored = sorted((o for o in options if o.placement is not None), key=lambda o: (o.value, o.config))
+    L = instance.model.num_layers
     for o in scored[:PARTITIONED]:
-        left = deadline - time.perf_counter()
-        if left <= PARTITION_COST * o.score_s:  # its table of stage times would outlast the limit
-            result.stopped = "time limit"
+        began = time.perf_counter()
+        evaluate(instance, o.placement, check=False)  # once more, its links cached: what each table row costs
+        rows = (L - o.config.vpp * (o.config.pp - 1)) // o.config.vpp + 1
+        if deadline - time.perf_counter() <= PARTITION_COST * rows * (time.perf_counter() - began):
+            result.stopped = "time limit"  # its table of stage times would outlast the limit
             return
+        left = deadline - time.perf_counter()
         better = best_partition(instance, o.placement, solver=solver, time_limit_s=min(30.0, left))
         if better is not None:
             est = evaluate(instance, better)
