@@ -14,7 +14,7 @@ from formulation import InputError, evaluate, load_instance
 from formulation.inputs.failures import Survivors, parse_failed
 from formulation.placement import Placement
 from formulation.shards import ranks_moved, stage_layers
-from solvers.search.replan import replan
+from solvers.search.replan import fewest_moves, replan
 from solvers.search.replan_warm import warm_starts
 from test_malformed_inputs import run_cli
 
@@ -112,7 +112,7 @@ def test_warm_start_never_worse_than_the_old_configuration_remapped():
     inst = load_instance(REPO / "instances" / "h100_128.json")
     old = Placement(tp=8, pp=4, cp=1, dp=2, vpp=1, micro_batch_size=1, recompute="full", zero_stage=1,
                     layers_per_stage=(20, 20, 20, 20), gpus=tuple(range(64)))
-    check = replan(inst, old, parse_failed("h100-03", inst.cluster), time_limit_s=0.5)
+    check = replan(inst, old, parse_failed("h100-03", inst.cluster), time_limit_s=0.5, move_tolerance=0.0)
     labels = {label: est.iteration_time_s for label, _, est in check.warm}
     assert "spares" in labels and check.old_config_survives
     spares = check.spares_plan[0]
@@ -120,6 +120,17 @@ def test_warm_start_never_worse_than_the_old_configuration_remapped():
     assert spares.config == old.config  # the same configuration, on the idle nodes' GPUs
     assert check.estimate.iteration_time_s <= min(labels.values())
     assert check.bound_s <= check.estimate.iteration_time_s
+    # the spare node takes the failed node's 8 ranks, local index for local index: those 8 GPUs move, no other
+    assert ranks_moved(old, spares, inst.model.num_layers) == 8
+    # the smaller dp keeps replica 0 (nodes 0, 2, 4, 6: node = dp index + 2 x stage) in place: nothing moves
+    smaller = next(p for label, p, _ in check.warm if label == "smaller dp")
+    assert smaller.dp == 1 and ranks_moved(old, smaller, inst.model.num_layers) == 0
+    # a tolerance between the two warm starts' slowdowns takes the spares, a wider one the smaller dp
+    fastest = check.estimate.iteration_time_s
+    middle = (labels["spares"] + labels["smaller dp"]) / 2 / fastest - 1
+    assert labels["spares"] < labels["smaller dp"]
+    for tolerance, expected, moved in ((middle, spares, 8), (10.0, smaller, 0)):
+        assert fewest_moves(inst, old, check.placement, fastest, check.warm, tolerance)[::2] == (moved, expected)
 
 
 def test_smaller_dp_warm_start_keeps_whole_replicas_in_place():

@@ -10,6 +10,7 @@ counted against the old plan for that node."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -25,7 +26,7 @@ from solvers.outputs.arguments import OneLineParser, seconds, seed
 from solvers.outputs.files import write_json_atomic
 from solvers.result import PlanResult, SolverReport
 from solvers.search.driver import NoPlanInTime
-from solvers.search.replan import replan
+from solvers.search.replan import MOVE_TOLERANCE, fewest_moves, replan
 from solvers.search.replan_warm import warm_starts
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
@@ -43,6 +44,9 @@ def _parser() -> OneLineParser:
                              "the batch, edit the instance and re-plan)")
     parser.add_argument("--time-limit", type=seconds, default=None, metavar="S", help="wall-clock limit in seconds "
                         "(per failure with --precompute)")
+    parser.add_argument("--move-tolerance", type=fraction, default=MOVE_TOLERANCE, metavar="F",
+                        help=f"prefer the old configuration on spares (or with a smaller dp) when it is at most this "
+                             f"fraction slower than the best plan and moves fewer ranks (default {MOVE_TOLERANCE:g})")
     parser.add_argument("--seed", type=seed, default=0, help="random seed (deterministic per seed without a limit)")
     parser.add_argument("--output", metavar="NEW.json", help="write the new plan file")
     parser.add_argument("--json", action="store_true", help="print the new plan file's JSON")
@@ -50,6 +54,14 @@ def _parser() -> OneLineParser:
     parser.add_argument("--out", metavar="DIR", help="with --precompute: the directory of the table")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
+
+
+def fraction(text: str) -> float:
+    """A finite number >= 0 (argparse type)."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative fraction, got {text!r}")
+    return value
 
 
 def _fail(code: int, message: str) -> int:
@@ -75,7 +87,7 @@ def main(argv: list[str]) -> int:
         failed = parse_failed(args.failed, instance.cluster)
         _one_gpu_type(instance, failed, args.failed)
         found = replan(instance, old, failed, time_limit_s=args.time_limit, seed=args.seed,
-                       solver=_partition_backend())
+                       solver=_partition_backend(), move_tolerance=args.move_tolerance)
     except InputError as exc:
         return _fail(EXIT_BAD_INPUT, f"error: {exc}")
     except InfeasibleError as exc:
@@ -174,10 +186,10 @@ def _precompute(instance, old, args) -> int:
         try:
             if rep not in searched:
                 searched[rep] = replan(instance, old, cluster.gpus_of_nodes([rep]), time_limit_s=args.time_limit,
-                                       seed=args.seed, solver=_partition_backend())
+                                       seed=args.seed, solver=_partition_backend(), move_tolerance=args.move_tolerance)
             found = searched[rep]
             if rep != node:
-                found = _relabelled(instance, old, found, rep, node)
+                found = _relabelled(instance, old, found, rep, node, args.move_tolerance)
         except (InfeasibleError, NoPlanInTime) as exc:
             index[name] = {"error": str(exc)}
             continue
@@ -200,18 +212,18 @@ def _precompute(instance, old, args) -> int:
     return EXIT_OK
 
 
-def _relabelled(instance, old, found, rep: int, node: int):
-    """`found` (the answer for node `rep` of the same class) with the two nodes exchanged, or the old plan's own
-    warm start for `node` where that is faster; the warm starts and ranks moved are those of `node`'s failure."""
+def _relabelled(instance, old, found, rep: int, node: int, tolerance: float):
+    """`found` (the answer for node `rep` of the same class) with the two nodes exchanged (the same time: the
+    exchange is an automorphism of the cluster), or the old plan's own warm start for `node` as `replan` chooses
+    it; the warm starts and ranks moved are those of `node`'s failure."""
     swap = _swap(instance.cluster, rep, node)
     placement = dataclasses.replace(found.placement, gpus=tuple(swap.get(g, g) for g in found.placement.gpus))
     survivors = Survivors.of(instance, instance.cluster.gpus_of_nodes([node]))
     warm = warm_starts(instance, old, survivors)
-    estimate = evaluate(instance, placement)
-    best = min([(estimate.iteration_time_s, 1, placement, estimate)] +
-               [(e.iteration_time_s, 0, p, e) for _, p, e in warm], key=lambda t: t[:2])
+    moved, _, chosen = fewest_moves(instance, old, placement, found.estimate.iteration_time_s, warm, tolerance)
+    estimate = evaluate(instance, chosen)
+    time_s = estimate.iteration_time_s
     spares = next(((p, e) for label, p, e in warm if label == "spares"), None)
-    return dataclasses.replace(found, placement=best[2], estimate=best[3], survivors=survivors, warm=warm,
-                               spares_plan=spares, bound_s=min(found.bound_s, best[0]),
-                               gap=(best[0] - min(found.bound_s, best[0])) / best[0],
-                               ranks_moved=ranks_moved(old, best[2], instance.model.num_layers))
+    bound = min(found.bound_s, time_s)
+    return dataclasses.replace(found, placement=chosen, estimate=estimate, survivors=survivors, warm=warm,
+                               spares_plan=spares, bound_s=bound, gap=(time_s - bound) / time_s, ranks_moved=moved)

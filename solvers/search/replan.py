@@ -44,6 +44,8 @@ PARTITIONED = 3
 # a partition program's table evaluates the map once per layer count (solvers/local/partition.py): it is not
 # started unless that many evaluations fit in the time left (h100_16384, pp 15: 112 rows of 0.27 s, 35 s in all)
 PARTITION_COST = 1.0
+# a warm start this much slower (relative) than the best plan found is preferred when it moves fewer ranks
+MOVE_TOLERANCE = 0.005
 # configurations, smallest (B0) first, whose per-layer bound is computed before any default map is scored
 LOOK_AHEAD = 256
 
@@ -78,8 +80,9 @@ class Replan(Tally):
 
 
 def replan(instance, old: Placement, failed, time_limit_s: float | None = None, seed: int = 0,
-           solver: str = "cpsat", progress=None) -> Replan:
-    """The best plan on the survivors of `failed` (global GPU indices of `instance`), warm-started from `old`."""
+           solver: str = "cpsat", progress=None, move_tolerance: float = MOVE_TOLERANCE) -> Replan:
+    """The best plan on the survivors of `failed` (global GPU indices of `instance`), warm-started from `old`; a
+    warm start at most `move_tolerance` (relative) slower that moves fewer ranks is taken instead."""
     start = time.perf_counter()
     deadline = start + time_limit_s if time_limit_s else INF
     surv = Survivors.of(instance, failed)
@@ -104,17 +107,32 @@ def replan(instance, old: Placement, failed, time_limit_s: float | None = None, 
             raise NoPlanInTime(f"no plan on the {surv.num_gpus} surviving GPUs within the time limit")
         raise InfeasibleError(f"no configuration fits on the {surv.num_gpus} surviving GPUs")
     best = ranked[0]
-    result.placement = best.placement if best.warm or not exact else _original(best.placement, surv.first(best.world)[1])
+    placement = best.placement if best.warm or not exact else _original(best.placement, surv.first(best.world)[1])
+    result.ranks_moved, label, result.placement = fewest_moves(
+        instance, old, placement, best.estimate.iteration_time_s, result.warm, move_tolerance)
+    label = label or best.warm
     result.estimate = evaluate(instance, result.placement)
     time_s = result.estimate.iteration_time_s
     result.bound_s = min(time_s, global_bound(items + options))
     result.gap, result.status = closing_status(time_s, result.bound_s, result.stopped)
     result.method = ("exact per world size" if exact else "bounds and default maps per configuration") + \
-        (f", warm start {best.warm}" if best.warm else "")
-    result.ranks_moved = ranks_moved(old, result.placement, instance.model.num_layers)
+        (f", warm start {label}" if label else "")
     result.candidates = len(options)
     result.wall_time_s = time.perf_counter() - start
     return result
+
+
+def fewest_moves(instance, old: Placement, placement: Placement, time_s: float, warm: list,
+                 tolerance: float) -> tuple[int, str, Placement]:
+    """(ranks moved, warm start label or "", plan): `placement` (taking `time_s`), or a warm start at most
+    `tolerance` slower that moves fewer ranks: the reshard it saves is real, a difference below the model's
+    resolution is not. Ties: the faster, then the searched plan."""
+    L = instance.model.num_layers
+    choices = [(ranks_moved(old, placement, L), time_s, "", placement)] + [
+        (ranks_moved(old, p, L), e.iteration_time_s, label, p) for label, p, e in warm
+        if e.iteration_time_s <= time_s * (1 + tolerance)]
+    moved, _, label, chosen = min(choices, key=lambda c: c[:3])
+    return moved, label, chosen
 
 
 def every_option(surv: Survivors, work_bound: WorkBound) -> list[Option]:
