@@ -8,10 +8,11 @@ candidates come from the old plan, scored by the evaluator: its configuration wi
 allow, keeping the replicas that lost no GPU where they were. The best of them is the incumbent that every
 configuration's bound must beat. Then, smallest bound first:
 - clusters within the exact program's reach: each world size's exact search (solvers/search/uniform.py);
-- beyond: each configuration's memory check, (B1) and its default map's score, then (B2) where the bound still
-  could beat the incumbent, then the best configurations' layers split exactly for their maps.
+- beyond: each configuration's memory check, its per-layer bound (`unit_bound`) and its default map's score;
+  then (B1) where the bound still beats the best plan, the best maps' layers split exactly, and (B2).
 Every configuration keeps a valid lower bound at every moment ((B0) until it is reached: it depends on the
-configuration only, not on the GPUs chosen), so a time limit leaves an honest bound and gap."""
+configuration only, not on the GPUs chosen), so a time limit leaves an honest bound and gap. A warm start at
+most `move_tolerance` slower that moves fewer ranks is preferred to the fastest plan (`fewest_moves`)."""
 
 from __future__ import annotations
 
