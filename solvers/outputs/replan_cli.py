@@ -83,9 +83,10 @@ def main(argv: list[str]) -> int:
         instance = load_instance(args.instance)
         old = load_placement(args.plan, instance)
         if args.precompute:
+            _one_gpu_type(instance, (), "--precompute", "every node")
             return _precompute(instance, old, args)
         failed = parse_failed(args.failed, instance.cluster)
-        _one_gpu_type(instance, failed, args.failed)
+        _one_gpu_type(instance, failed, "--failed", args.failed)
         found = replan(instance, old, failed, time_limit_s=args.time_limit, seed=args.seed,
                        solver=_partition_backend(), move_tolerance=args.move_tolerance)
     except InputError as exc:
@@ -104,13 +105,13 @@ def main(argv: list[str]) -> int:
     return EXIT_OK
 
 
-def _one_gpu_type(instance, failed, flag_value: str) -> None:
+def _one_gpu_type(instance, failed, flag: str, flag_value: str) -> None:
     """The re-plan's bounds are those of one GPU type's search (several types compose islands: docs/mixed-gpu-types.md)."""
     dead = set(failed)
     cluster = instance.cluster
     types = {cluster.nodes[cluster.gpu_node[g]].gpu_type for g in range(cluster.num_gpus) if g not in dead}
     if len(types) > 1:
-        raise InputError("--failed", flag_value, f"the survivors hold {len(types)} GPU types ({', '.join(sorted(types))}): "
+        raise InputError(flag, flag_value, f"the survivors hold {len(types)} GPU types ({', '.join(sorted(types))}): "
                                                  "solve replan plans clusters of one GPU type; plan the survivors with "
                                                  "solve on an instance without the failed nodes")
 
