@@ -127,7 +127,7 @@ def replan_document(instance, found, seed: int, old) -> dict:
     time_s = found.estimate.iteration_time_s
     report = SolverReport(method=f"replan: {found.method}", status=found.status, objective_s=time_s,
                           bound_s=found.bound_s, gap=max(0.0, found.gap), wall_time_s=found.wall_time_s, seed=seed,
-                          note=f"{found.examined} configurations examined of {found.candidates} (every world size up "
+                          note=f"{found.examined} {found.unit} examined of {found.candidates} (every world size up "
                                f"to the {found.survivors.num_gpus} survivors), {found.pruned} pruned by bound, "
                                f"{found.infeasible} do not fit" + (f"; stopped by the {found.stopped}"
                                                                     if found.stopped else ""))

@@ -74,6 +74,7 @@ class Replan(Tally):
     warm: list = field(default_factory=list)  # (label, placement, estimate) of the warm starts
     ranks_moved: int = 0
     spares_plan: tuple | None = None  # (placement, estimate): the old configuration on spares, if it survives
+    unit: str = "configurations"  # what `examined` and `candidates` count (world sizes within the exact reach)
 
     @property
     def old_config_survives(self) -> bool:
@@ -119,6 +120,7 @@ def replan(instance, old: Placement, failed, time_limit_s: float | None = None, 
     result.method = ("exact per world size" if exact else "bounds and default maps per configuration") + \
         (f", warm start {label}" if label else "")
     result.candidates = len(options)
+    result.unit = "world sizes" if exact else "configurations"
     result.wall_time_s = time.perf_counter() - start
     return result
 
