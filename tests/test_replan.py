@@ -14,7 +14,7 @@ from formulation import InputError, evaluate, load_instance
 from formulation.inputs.failures import Survivors, parse_failed
 from formulation.placement import Placement
 from formulation.shards import ranks_moved, stage_layers
-from solvers.search.replan import fewest_moves, replan
+from solvers.search.replan import MOVE_TOLERANCE, fewest_moves, replan
 from solvers.search.replan_warm import warm_starts
 from test_malformed_inputs import run_cli
 
@@ -195,8 +195,8 @@ def test_cli_refuses_a_plan_of_another_instance(tmp_path):
 
 
 def test_precompute_answers_every_node_and_relabels_interchangeable_ones(tmp_path, old_plan, small):
-    """small_4x2's four nodes: the table has one file per node; a node answered by relabelling has the same time
-    as its class's searched node, and its plan avoids its own GPUs."""
+    """small_4x2's four nodes: the table has one file per node; a node answered by relabelling has its class's
+    searched node's time (or a warm start of its own within the move tolerance), and its plan avoids its GPUs."""
     inst_path = REPO / "instances" / "small_4x2.json"
     inst = load_instance(inst_path)
     old = solvers.solve(inst, method="baseline").placement
@@ -215,8 +215,9 @@ def test_precompute_answers_every_node_and_relabels_interchangeable_ones(tmp_pat
         assert doc["estimate"]["iteration_time_s"] == entry["iteration_time_s"]
         node = inst.cluster.node_index[name]
         rep = next(c[0] for c in classes if node in c)
+        # the class's answer relabelled (the same time), or a warm start within the move tolerance of it
         assert entry["iteration_time_s"] <= index["failures"][inst.cluster.nodes[rep].name]["iteration_time_s"] \
-            * (1 + 1e-9)
+            * (1 + MOVE_TOLERANCE) * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("path, failed", [("small_2x4.json", "s00:1"), ("small_4x2.json", "s01"),
