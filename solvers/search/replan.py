@@ -45,6 +45,9 @@ PARTITIONED = 3
 # a partition program's table evaluates the map once per layer count (solvers/local/partition.py): it is not
 # started unless that many evaluations fit in the time left (h100_16384, pp 15: 112 rows of 0.27 s, 35 s in all)
 PARTITION_COST = 1.0
+# (B2) takes several times (B1) on the same configuration (h100_1024: 3 s against 0.3 s): the first (B2) is not
+# started with less than this many times the last (B1) left
+B2_OVER_B1 = 5
 # a warm start this much slower (relative) than the best plan found is preferred when it moves fewer ranks
 MOVE_TOLERANCE = 0.005
 # configurations, smallest (B0) first, whose per-layer bound is computed before any default map is scored
@@ -255,9 +258,9 @@ def _configurations(surv, options, items, result, solver, deadline, progress) ->
             break
         look(o)
     result.pruned += bound_and_prune(items + open_, _skip_warm(first_look), result, 1, deadline, progress)
-    _raise(surv, options, everything, result, deadline, lambda o, sub: lower_bound(sub, o.config, o.caps))
+    took = _raise(surv, options, everything, result, deadline, lambda o, sub: lower_bound(sub, o.config, o.caps))
     _partition_best(instance, options, result, solver, deadline)
-    _raise(surv, options, everything, result, deadline, lambda o, sub: cut_bound(sub, o.config))
+    _raise(surv, options, everything, result, deadline, lambda o, sub: cut_bound(sub, o.config), B2_OVER_B1 * took)
 
 
 def _partition_best(instance, options, result, solver, deadline) -> None:
@@ -280,19 +283,20 @@ def _partition_best(instance, options, result, solver, deadline) -> None:
                 result.improved(o.value)
 
 
-def _raise(surv, options, everything, result, deadline, refine) -> None:
+def _raise(surv, options, everything, result, deadline, refine, last: float = 0.0) -> float:
     """A costlier bound for every configuration whose bound still beats the best plan, smallest first; none is
-    started that would end after the deadline if it took as long as the last one did."""
+    started that would end after the deadline if it took as long as the last one did (the first: `last`).
+    Returns the last one's duration."""
     best = min((i.value for i in everything if i.value is not None), default=INF)
-    last = 0.0
     for o in sorted((o for o in options if o.caps is not None and o.open_bound < best),
                     key=lambda o: (o.open_bound, o.config)):
         began = time.perf_counter()
         if began + last >= deadline:
             result.stopped = "time limit"
-            return
+            return last
         o.lower_bound = max(o.lower_bound, refine(o, surv.first(o.world)[0]))
         last = time.perf_counter() - began
+    return last
 
 
 def unit_bound(sub, config, caps) -> float:
