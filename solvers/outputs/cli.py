@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                                   "GPU-to-rank map that make an iteration fastest without running out of memory.",
         epilog="Subcommands: 'solve validate --help', 'solve calibrate --help', 'solve bench --help', "
                "'solve ingest FILE' (what the planner takes from a measurement or config file), 'solve sweep --help' "
-               "(what-if sweeps over models, GPU types and cluster sizes). Exit codes: "
+               "(what-if sweeps over models, GPU types and cluster sizes), 'solve replan --help' (the best plan after "
+               "failures). Exit codes: "
                "0 plan found, 1 no feasible plan, 2 bad input.")
     parser.add_argument("--instance", required=True, help="instance file (JSON or YAML): model, training, cluster")
     parser.add_argument("--evaluate", metavar="PLACEMENT", help="score this placement (JSON; a plan file works too)")
@@ -105,13 +106,18 @@ def _sweep_command(argv: list[str]) -> int:
     return sweep.main(argv[1:])
 
 
+def _replan_command(argv: list[str]) -> int:
+    from solvers.outputs import replan_cli
+    return replan_cli.main(argv[1:])
+
+
 def _bench_command(argv: list[str]) -> int:
     from solvers.validation import bench
     return bench.main(argv[1:])
 
 
 _SUBCOMMANDS = {"validate": _validate_command, "calibrate": _validate_command, "sweep": _sweep_command,
-                "bench": _bench_command, "ingest": lambda argv: _ingest(argv[1:])}
+                "bench": _bench_command, "replan": _replan_command, "ingest": lambda argv: _ingest(argv[1:])}
 
 
 def _argument_problem(args) -> str | None:
