@@ -5,11 +5,11 @@ import math
 import statistics
 
 import pytest
+from conftest import build_instance, small_instance_dict
 
 from formulation.evaluate import evaluate
 from formulation.physics import cost, grouped_gemm
 from formulation.placement import default_placement
-from tests.conftest import build_instance, small_instance_dict
 
 
 def _points():
