@@ -17,12 +17,14 @@ def _points():
     return data, [(p, data["sources"][p["source"]]) for p in data["points"]]
 
 
-def _log_errors(kappa_out: float, kappa_red: float):
-    """log(predicted / published) of every point, each source's asymptotic rate e_inf at its best (the geometric
-    mean that centres its residuals): only the shape dependence is compared."""
+def _log_errors(kappa_out: float, kappa_red: float, sources=None):
+    """log(predicted / published) of every point (of `sources`, default all), each source's asymptotic rate e_inf
+    at its best (the geometric mean that centres its residuals): only the shape dependence is compared."""
     data, points = _points()
     raw = {}
     for p, s in points:
+        if sources is not None and p["source"] not in sources:
+            continue
         # the ridge in elements: FP8 (1 byte) at its 1979 TFLOP/s peak has the bf16 ridge (2 bytes at 989)
         ridge = s["peak_tflops"] * s["bytes_per_element"] / 2
         c_out, c_red = (grouped_gemm.ridge_constant(k, ridge, s["hbm_gb_per_s"]) for k in (kappa_out, kappa_red))
@@ -35,9 +37,9 @@ def _log_errors(kappa_out: float, kappa_red: float):
     return errors
 
 
-def _fit() -> tuple[float, float]:
+def _fit(sources=None) -> tuple[float, float]:
     """Least squares of the log errors over (kappa_out, kappa_red): Gauss-Seidel golden-section searches."""
-    loss = lambda a, b: sum(e * e for e in _log_errors(a, b))  # noqa: E731
+    loss = lambda a, b: sum(e * e for e in _log_errors(a, b, sources))  # noqa: E731
     kappa = [1.0, 1.0]
     for _ in range(6):
         for i in (0, 1):
@@ -67,6 +69,20 @@ def test_the_stored_kappas_are_the_fit_of_the_published_points():
     data = grouped_gemm.kernel_data()
     assert _fit() == pytest.approx(_stored(), abs=0.01)
     assert data["kappa_step"] == pytest.approx((2 * data["kappa_out"] + data["kappa_red"]) / 3, abs=0.001)
+
+
+def test_leave_one_source_out():
+    """Fitted on DeepGEMM's points alone (pytorch/ao's held out), the two constants are the stored ones within 0.01,
+    and they give pytorch/ao's two bf16 grouped GEMMs (512 rows per expert; 8192 x 5120 against 5120 x 8192) the
+    published order: the one reducing over 5120 is slower, 1.7% by the curve, 4.0% measured. (pytorch/ao's two
+    points alone cannot fix two constants and a level.)"""
+    held_in = _fit({"deepgemm"})
+    assert held_in == pytest.approx(_stored(), abs=0.01)
+    c_out, c_red = (grouped_gemm.ridge_constant(k, 989, 3350) for k in held_in)
+    ratio = (grouped_gemm.forward_time_factor(c_out, c_red, 512, 8192, 5120)
+             / grouped_gemm.forward_time_factor(c_out, c_red, 512, 5120, 8192))
+    published = 545.4 / 524.5  # time of the first over the second
+    assert 1 < ratio < published and ratio == pytest.approx(published, abs=0.03)
 
 
 def test_the_curve_reproduces_the_published_points():
