@@ -200,3 +200,23 @@ def test_exported_flags_pass_megatron_cores_own_config_checks(tmp_path):
                                        "recompute_num_layers": 1})
     with pytest.raises(AssertionError, match="virtual_pipeline_model_parallel_size"):
         dataclasses.replace(config, **{**sizes, "virtual_pipeline_model_parallel_size": None})
+
+
+def test_a_plan_file_keeps_the_overlap():
+    """The placement's document carries `moe_a2a_overlap` only when on, and reads back to the same placement;
+    the report says whether the plan overlaps and what it changes."""
+    from formulation.placement import placement_from_document
+    from solvers.outputs.plan_notes import overlap_line
+    inst = mixtral(virtual_pipeline_sizes=[2])
+    p = default_placement(inst, tp=1, pp=2, dp=8, ep=8, vpp=2)
+    assert "moe_a2a_overlap" not in p.to_dict(inst.cluster)
+    on = dataclasses.replace(p, moe_a2a_overlap=True)
+    assert on.to_dict(inst.cluster)["moe_a2a_overlap"] is True
+    assert placement_from_document(on.to_dict(inst.cluster), inst, "<plan>") == on
+    est_on, est_off = evaluate(inst, on), evaluate(inst, p)
+    assert overlap_line(inst, on, est_on).startswith("MoE all-to-all overlap: on")
+    assert f"{est_off.iteration_time_s:.4f} s -> {est_on.iteration_time_s:.4f} s" in overlap_line(inst, on, est_on)
+    assert overlap_line(inst, p, est_off).startswith("MoE all-to-all overlap: off (with it this placement: "
+                                                     f"{est_on.iteration_time_s:.4f} s")
+    full = dataclasses.replace(p, recompute="full")
+    assert "full recompute" in overlap_line(inst, full, evaluate(inst, full))
