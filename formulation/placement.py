@@ -13,6 +13,7 @@ import numpy as np
 
 from formulation.errors import InputError, Section
 from formulation.inputs.job import PYTORCH_STACKS, RECOMPUTE_CHOICES, ZERO_STAGES
+from formulation.physics import moe_overlap
 
 
 @dataclass(frozen=True, order=True)
@@ -34,6 +35,9 @@ class Config:
     # ranks of a stage (Megatron-Core: etp x ep x expert_dp = tp x cp x dp); 1 and 1 for dense models
     ep: int = field(default=1, kw_only=True)
     etp: int = field(default=1, kw_only=True)
+    # Megatron-Core's MoE all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute, docs/moe.md
+    # (E10)): each MoE layer's dispatch and combine beside the other micro-batch's compute
+    moe_a2a_overlap: bool = field(default=False, kw_only=True)
 
     def sizes(self) -> str:
         """The parallel sizes, the one spelling every table, title and message uses."""
@@ -46,8 +50,9 @@ class Config:
         return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     def describe(self) -> str:
+        overlap = " a2a-overlap" if self.moe_a2a_overlap else ""
         return (f"{self.sizes()} vpp={self.vpp} mbs={self.micro_batch_size} recompute={self.recompute} "
-                f"zero={self.zero_stage}")
+                f"zero={self.zero_stage}{overlap}")
 
     def config_key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(Config))
@@ -152,9 +157,10 @@ class Placement(Config):
     def summary(self) -> str:
         """The choices on one line, in the ecosystem's words."""
         block = f" recompute_num_layers={self.recompute_num_layers}" if self.recompute_num_layers else ""
+        overlap = " moe_a2a_overlap=true" if self.moe_a2a_overlap else ""
         return (f"{self.sizes()} vpp={self.vpp} "
                 f"micro_batch_size={self.micro_batch_size} recompute={self.recompute}{block} "
-                f"zero_stage={self.zero_stage} layers_per_stage={list(self.layers_per_stage)}")
+                f"zero_stage={self.zero_stage}{overlap} layers_per_stage={list(self.layers_per_stage)}")
 
     def to_dict(self, cluster=None) -> dict:
         out = asdict(self)
@@ -162,6 +168,8 @@ class Placement(Config):
             del out["ep"], out["etp"]
         if not self.recompute_num_layers:  # every layer under its policy: the plans of the search
             del out["recompute_num_layers"]
+        if not self.moe_a2a_overlap:  # plans without the overlap keep their keys
+            del out["moe_a2a_overlap"]
         out["layers_per_stage"] = list(self.layers_per_stage)
         out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
         return out
@@ -239,6 +247,10 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("layers_per_stage", f"sums to {sum(p.layers_per_stage)}, the model has {model.num_layers} layers")
     check_experts(model, p, bad)
     check_block_recompute(model, job, p, bad)
+    if not isinstance(p.moe_a2a_overlap, bool):
+        bad("moe_a2a_overlap", f"expected true or false, got {p.moe_a2a_overlap!r}")
+    if p.moe_a2a_overlap and (why := moe_overlap.problem(model, job, p)):
+        bad("moe_a2a_overlap", why)
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -305,6 +317,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     ep, etp = sec.integer("ep", default=1), sec.integer("etp", default=1)
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
+    a2a_overlap = sec.boolean("moe_a2a_overlap", default=False)
     if sec.has("zero_stage") and sec.data["zero_stage"] is None:  # null is not "leave it out"
         raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got null (leave the field out for the "
                                       "default: 1 with distributed_optimizer true, else 0)")
@@ -341,7 +354,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     sec.done()
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus,
-                          recompute_num_layers=recompute_num_layers)
+                          recompute_num_layers=recompute_num_layers, moe_a2a_overlap=a2a_overlap)
     check_placement(instance, placement, file)
     return placement
 

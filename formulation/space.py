@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Iterator
 
-from formulation.physics import layer_kinds
+from formulation.physics import layer_kinds, moe_overlap
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.inputs.frameworks import config_problem
 from formulation.inputs.job import DATA_PARALLEL_ONLY
@@ -70,7 +71,17 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
                     for ep, etp in expert_sizes(instance, tp * cp * dp):
                         config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp)
                         if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
-                            yield config
+                            yield from overlap_choices(instance, config)
+
+
+def overlap_choices(instance, config: Config) -> Iterator[Config]:
+    """`config` without and (where the job allows it and Megatron-Core runs it) with the MoE all-to-all overlap
+    (docs/moe.md (E10))."""
+    job = instance.training
+    if False in job.moe_a2a_overlap or instance.model.moe is None:
+        yield config
+    if True in job.moe_a2a_overlap and not moe_overlap.problem(instance.model, job, config):
+        yield replace(config, moe_a2a_overlap=True)
 
 
 def expert_sizes(instance, ranks: int) -> list[tuple[int, int]]:

@@ -88,6 +88,9 @@ class TrainingJob:
     moe_token_dispatcher: str = "alltoall"
     moe_load_imbalance: float = MOE_LOAD_IMBALANCE
     moe_grouped_gemm: bool = True
+    # Megatron-Core's MoE all-to-all overlap (docs/moe.md (E10)): the choices the search may take where Megatron-Core
+    # runs it (formulation/physics/moe_overlap.py); default both on the megatron stack, off elsewhere
+    moe_a2a_overlap: tuple[bool, ...] = (False, True)
 
     def sequence_parallel_size(self, tp: int) -> int:
         """How many ways the norm/residual activations and the pipeline messages are split: tp with sequence
@@ -200,6 +203,7 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         moe_token_dispatcher=sec.string("moe_token_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
         moe_load_imbalance=sec.number("moe_load_imbalance", default=MOE_LOAD_IMBALANCE, minimum=1.0, maximum=64.0),
         moe_grouped_gemm=sec.boolean("moe_grouped_gemm", default=True),
+        moe_a2a_overlap=_overlap_choices(sec, stack),
     )
     if foundry and "selective" in job.recompute:
         raise sec.error("recompute", "llm-foundry checkpoints whole blocks (Composer's activation_checkpointing): "
@@ -210,6 +214,21 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
     _check_context_parallel_sizes(sec, job, origin)
     sec.done()
     return job
+
+
+def _overlap_choices(sec: Section, stack: str) -> tuple[bool, ...]:
+    """`moe_a2a_overlap`: true, false or a list of them (the choices the search may take); default [false, true]
+    on the megatron stack, [false] on the others (Megatron-Core's option)."""
+    if not sec.has("moe_a2a_overlap"):
+        return (False, True) if stack == "megatron" else (False,)
+    value = sec.raw("moe_a2a_overlap")
+    items = value if isinstance(value, list) else [value]
+    if not items or any(not isinstance(v, bool) for v in items):
+        raise sec.error("moe_a2a_overlap", f"expected true, false or a list of them; got {value!r}")
+    if True in items and stack != "megatron":
+        raise sec.error("moe_a2a_overlap", f"Megatron-Core's --overlap-moe-expert-parallel-comm applies to "
+                                           f"software_stack megatron, not {stack}")
+    return tuple(sorted(set(items)))
 
 
 def _check_context_parallel_sizes(sec: Section, job: TrainingJob, origin: str) -> None:

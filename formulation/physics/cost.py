@@ -55,6 +55,9 @@ PHYSICS_TERMS = {
     # a fixed time per iteration (optimizer launches, loss and grad-norm all-reduces, logging), fitted with the
     # efficiencies (solvers/validation/joint_fit.py); off: the fits hold it at 0
     "iteration_overhead": True,
+    # an expert's GEMMs (few token rows, narrow FFN) run below the calibrated large-GEMM efficiency, by the shape
+    # curve of published grouped-GEMM kernel measurements (docs/moe.md (E4a)); off: at the large GEMM's
+    "grouped_gemm_shape": True,
 }
 # Share of an overlapped tensor-parallel collective that stays on the critical path even when GEMMs could hide
 # it: the communication kernels take SMs and HBM bandwidth from the GEMMs they run beside. torchtitan's

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, recompute_modules
+from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, moe_overlap, recompute_modules
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
 GIB = float(1 << 30)
@@ -73,23 +73,24 @@ class MemoryCoefficients:
     buffers: tuple[float, float]
 
 
-def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int) -> float:
+def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int,
+                                 extra: int = 0) -> float:
     """(M5) Layer activations held at the peak, in units of one layer for one micro-batch.
 
     1F1B: stage i holds min(pp - i, m) micro-batches of its layers. Interleaved (vpp = v): Megatron-LM warms
-    up (pp - i - 1) * 2 + (v - 1) * pp chunks and keeps one more in flight, each chunk layers / v layers.
-    """
+    up (pp - i - 1) * 2 + (v - 1) * pp chunks and keeps one more in flight, each chunk layers / v layers;
+    `extra` more warm-up steps (micro-batches, or chunks with vpp) under the MoE all-to-all overlap (EM5)."""
     if vpp == 1:
-        return min(pp - stage, num_micro_batches) * layers
-    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, num_micro_batches * vpp)
+        return min(pp - stage + extra, num_micro_batches) * layers
+    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1 + extra, num_micro_batches * vpp)
     return chunks * layers / vpp
 
 
-def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int) -> float:
+def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int, extra: int = 0) -> float:
     """Micro-batches whose first-stage extras (embedding output) are alive at the peak."""
     if vpp == 1:
-        return min(pp - stage, num_micro_batches)
-    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp) / vpp)
+        return min(pp - stage + extra, num_micro_batches)
+    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp, extra) / vpp)
 
 
 def layer_activation_bytes(model, job, p) -> tuple[float, float]:
@@ -222,7 +223,6 @@ def _layer_activations(model, job, p, kind: str) -> tuple[float, float]:
 # reused while the entry lives.
 _COEFFICIENTS: dict = {}
 _COEFFICIENTS_LIMIT = 1 << 16
-_CONFIG_FIELDS = ("tp", "pp", "cp", "dp", "vpp", "micro_batch_size", "recompute", "zero_stage", "ep", "etp")
 
 
 def memory_coefficients(instance, p, stage: int, kind: str | None = None) -> MemoryCoefficients:
@@ -231,7 +231,7 @@ def memory_coefficients(instance, p, stage: int, kind: str | None = None) -> Mem
     its dense layer. The fixed terms are the stage's whatever its layers' kinds: with full recompute the
     working memory of the layer being recomputed is the heavier kind's (a stage may hold both). `p`: a Config or
     Placement (only its configuration matters)."""
-    key = (id(instance), *(getattr(p, f) for f in _CONFIG_FIELDS), stage, kind, *cost.PHYSICS_TERMS.values())
+    key = (id(instance), *p.config_key(), stage, kind, *cost.PHYSICS_TERMS.values())
     hit = _COEFFICIENTS.get(key)
     if hit is not None and hit[0] is instance:
         return hit[1]
@@ -271,10 +271,11 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     seq = job.seq_length / p.cp
     sbh = seq * p.micro_batch_size * model.hidden_size
     sp = job.sequence_parallel_size(p.tp)
-    per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1)
+    extra = moe_overlap.extra_warmup(p)  # (EM5) the MoE all-to-all overlap's extra warm-up micro-batch
+    per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1, extra)
     act_fixed = working
     if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input
-        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m) * sbh / sp
+        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m, extra) * sbh / sp
     buf_fixed = 0.0
     if stage == p.pp - 1:  # final norm and output-layer inputs; the logits and the loss's buffers
         act_fixed += 4 * sbh / sp
@@ -284,6 +285,7 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     if p.zero_stage >= 3:
         buf_fixed += layer_params * (2 * w_bytes + g_bytes)
     buf_fixed += moe_memory.dispatch_buffer_bytes(model, job, p)  # (EM4), 0 for dense models
+    buf_fixed += moe_overlap.buffer_bytes(model, job, p)  # (EM5), 0 without the all-to-all overlap
     buf_per_layer = layer_params * unsharded_pipeline_bytes(job, p)
     if job.software_stack in DEEPSPEED and 1 <= p.zero_stage < 3:
         # DeepSpeed ZeRO-1 stages its reduce-scatter and all-gather through two 16-bit bucket buffers

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from formulation.physics import cost
+from formulation.physics import cost, grouped_gemm
 
 # Rows of one tile of a grouped GEMM (CUTLASS / Transformer Engine grouped GEMMs tile M by 128): an expert whose
 # token count does not fill its last tile still pays for the whole tile (E4).
@@ -70,7 +70,8 @@ def expert_matmul_time(model, job, p, gpu_type) -> float:
 
     FLOPs: 2 x token copies x (matrices x h x f_e / etp). With grouped GEMM the local experts run as one kernel
     at the efficiency of their total work, each expert's rows padded to whole tiles of 128; without it each
-    expert is its own GEMM at the efficiency of its own (small) size."""
+    expert is its own GEMM at the efficiency of its own (small) size. Either way each expert's GEMMs run slower
+    than the calibrated large GEMM by the shape factor of (E4a) (`expert_shape_slowdown`)."""
     moe = model.moe
     local = moe.num_experts // p.ep
     copies = expert_tokens(model, job, p)
@@ -78,9 +79,22 @@ def expert_matmul_time(model, job, p, gpu_type) -> float:
     per_expert = copies / local
     fp8 = cost.fp8_gemms(job, gpu_type)
     if job.moe_grouped_gemm:
-        padded = math.ceil(per_expert / GROUPED_GEMM_TILE_ROWS) * GROUPED_GEMM_TILE_ROWS * local * per_row
-        return gpu_type.matmul_time(padded, padded / 1e9, fp8=fp8)
-    return local * gpu_type.matmul_time(per_expert * per_row, per_expert * per_row / 1e9, fp8=fp8)
+        rows = math.ceil(per_expert / GROUPED_GEMM_TILE_ROWS) * GROUPED_GEMM_TILE_ROWS
+        padded = rows * local * per_row
+        return (gpu_type.matmul_time(padded, padded / 1e9, fp8=fp8)
+                * expert_shape_slowdown(model, p, gpu_type, rows))
+    return (local * gpu_type.matmul_time(per_expert * per_row, per_expert * per_row / 1e9, fp8=fp8)
+            * expert_shape_slowdown(model, p, gpu_type, per_expert))
+
+
+def expert_shape_slowdown(model, p, gpu_type, rows: float) -> float:
+    """(E4a) One expert's GEMMs (rows tokens, h, f_e / etp) over their time at the calibrated efficiency: the
+    published grouped-GEMM kernel data's shape curve (formulation/physics/grouped_gemm.py); 1 with the term
+    `grouped_gemm_shape` off."""
+    if not cost.term("grouped_gemm_shape") or rows <= 0:
+        return 1.0
+    return grouped_gemm.expert_gemm_slowdown(gpu_type, rows, model.hidden_size,
+                                             model.moe.expert_ffn_hidden_size / p.etp, model.mlp_matrices)
 
 
 def router_time(model, job, p, gpu_type) -> float:

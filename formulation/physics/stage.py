@@ -30,12 +30,21 @@ class StageConstants:
     ep_recompute_passes: int = 0  # extra forward passes of the expert communication (the "moe" recompute module)
     tp_recompute_passes: float = 0.0  # ... of the tp communication (C4: half under torchtitan's op-level policy)
     backward_gathers_exposed: bool = False  # (C12) FSDP1's "post" backward prefetch: nothing hides them
+    ep_overlap: bool = False  # (E10) Megatron-Core's MoE all-to-all overlap: expert communication beside compute
 
     @property
     def ep_passes(self) -> float:
         """Passes of one MoE layer's forward expert communication per micro-batch: forward, backward, and again
         for every recompute of it (full recompute, Megatron-Core's "moe" module)."""
         return 2 + self.recompute_passes + self.ep_recompute_passes
+
+    def ep_exposed(self, ep: float) -> float:
+        """(E7), (E10) What one MoE layer's expert communication (`ep` forward, ep_passes x ep in all) leaves on the
+        critical path per micro-batch: all of it; with the all-to-all overlap, what the layer's forward and
+        backward compute (the other micro-batch's, in Megatron-Core's combined 1F1B) cannot hide, and at least
+        the contention share of overlapped collectives (`dp_part_exposed`). Non-decreasing in `ep`."""
+        total = ep * self.ep_passes
+        return dp_part_exposed(total, self.f_compute + self.b_compute, True) if self.ep_overlap else total
 
     def expert_params(self, layers: int) -> float:
         return self.expert_params_per_layer * layers
@@ -74,7 +83,8 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
         params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=per_layer,
         layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts,
         backward_gathers_exposed=(p.zero_stage >= 3 and job.fsdp_backward_prefetch == "post"
-                                  and cost.term("fsdp_post_prefetch")))
+                                  and cost.term("fsdp_post_prefetch")),
+        ep_overlap=getattr(p, "moe_a2a_overlap", False) and kind != "dense")
 
 
 @dataclass(frozen=True)
@@ -161,8 +171,9 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
 
     tp, cp: forward communication of the slowest tp / cp group; ag, rs: ZeRO-3 per-layer all-gather and
     reduce-scatter of the slowest data-parallel group (0 without ZeRO-3); ep: forward token dispatch and
-    combine of the mean layer over its slowest expert groups (not overlapped; backward the same again, full
-    recompute once more). Non-decreasing in every argument.
+    combine of the mean layer over its slowest expert groups (backward the same again, full recompute once more;
+    with the all-to-all overlap (E10) what compute leaves exposed, `StageConstants.ep_exposed`, shared between
+    forward and backward as the passes are). Non-decreasing in every argument.
     """
     if tp_overlap:  # what the GEMMs cannot hide, and at least the share contention leaves exposed
         num, den = cost.tp_overlap_exposed()
@@ -176,9 +187,15 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
     z3_f = max(0.0, ag - (k.f_compute + tp_f + cp_f))
     z3_b = ag + rs if k.backward_gathers_exposed else max(0.0, ag + rs - (k.b_compute + tp_b + cp_b))
-    ep_b = ep * (k.ep_passes - 1)
-    return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f + ep, backward=k.b_compute + tp_b + cp_b + z3_b + ep_b,
-                     tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b, ep=ep + ep_b)
+    if k.ep_overlap:
+        exposed = k.ep_exposed(ep)
+        ep_f = exposed / k.ep_passes
+        ep_b = exposed - ep_f
+    else:
+        ep_f, ep_b = ep, ep * (k.ep_passes - 1)
+    return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f + ep_f,
+                     backward=k.b_compute + tp_b + cp_b + z3_b + ep_b,
+                     tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b, ep=ep_f + ep_b)
 
 
 def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str, float, bool, float]]:

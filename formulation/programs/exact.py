@@ -185,7 +185,9 @@ def _stage_time(b: _Builder, i: int) -> int:
 def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None, tag: str) -> int:
     """(P7) u_i of a layer with constants `k`: its exposed tp, cp and ZeRO-3 communication from the stage's
     slowest groups `slowest` = (TP, CP, AG, RS), plus ep_passes (2 + rp, + 1 with the "moe" recompute module)
-    x `experts` (an MoE layer's expert communication, (P14)). `tag` names the layer kind's variables."""
+    x `experts` (an MoE layer's expert communication, (P14)); with the all-to-all overlap (E10) what the layer's
+    compute leaves of it, X >= passes M - (f + b) and den X >= num passes M (the exposure is non-decreasing in
+    the objective, so X sits at the larger). `tag` names the layer kind's variables."""
     prog, job = b.prog, b.inst.training
     tp, cp, ag, rs = slowest
     rp, tp_rp = k.recompute_passes, k.tp_recompute_passes
@@ -212,6 +214,12 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
                  -d * b.t(k.b_compute), "P7 zero3 exposed")
     u = prog.var(f"u{tag}[{i}]")
     moe_terms = {experts: -k.ep_passes * d} if experts is not None else {}  # forward + backward + recomputes
+    if experts is not None and k.ep_overlap:  # (E10) X >= passes M - (f + b), den X >= num passes M
+        x = prog.var(f"epx{tag}[{i}]")
+        num, den = cost.dp_overlap_exposed()
+        prog.add({x: 1, experts: -k.ep_passes}, ">=", -b.t(k.f_compute + k.b_compute), "P7 ep overlap exposed")
+        prog.add({x: den, experts: -num * k.ep_passes}, ">=", 0, "P7 ep overlap share")
+        moe_terms = {x: -d}
     prog.add({u: d, tp_f: -int((1 + tp_rp) * d), tp_b0: -d, cp_f: -(3 + rp) * d, z3_f: -d, z3_b: -d, **moe_terms},
              "==", d * b.t(k.f_compute + k.b_compute), "P7 per-layer time")
     return u

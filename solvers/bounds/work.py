@@ -13,7 +13,8 @@ least the mean W / pp, so
 f, b and out depend only on tp, cp, micro_batch_size and recompute (and the GPU type; with experts on ep and
 etp too), so W is computed once per such combination. The bound ignores memory: the search applies it to
 configurations that fit. Mixture-of-experts (B3): every MoE layer also pays at least ep_passes (2 + rp, + 1 under the "moe" recompute module) x the least expert
-communication of a layer over every group shape at the cluster's fastest links (`expert_layer_floor`); with
+communication of a layer over every group shape at the cluster's fastest links (`expert_layer_floor`), or under
+the all-to-all overlap (docs/moe.md (E10)) that communication's least exposure (`StageConstants.ep_exposed`); with
 dense and MoE layers (docs/moe.md (E1)) W counts each kind's layers at their own compute.
 """
 
@@ -39,7 +40,8 @@ class WorkBound:
 
     def work(self, config: Config) -> float:
         """W: the compute of one micro-batch summed over all stages, in seconds."""
-        key = (config.tp, config.cp, config.micro_batch_size, config.recompute, config.ep, config.etp)
+        key = (config.tp, config.cp, config.micro_batch_size, config.recompute, config.ep, config.etp,
+               config.moe_a2a_overlap)
         if key not in self._work:
             inst = self.instance
             world = config.tp * config.pp * config.cp * config.dp
@@ -52,15 +54,14 @@ class WorkBound:
             if layer_kinds.is_mixed(inst.model):  # (E1) each kind's layers at their own cost
                 layers = self._mixed_layers(p, experts)
             else:
-                layers = inst.model.num_layers * min(k.f_compute + k.b_compute + k.ep_passes * experts
-                                                     for k in ks)
+                layers = inst.model.num_layers * min(k.f_compute + k.b_compute + k.ep_exposed(experts) for k in ks)
             self._work[key] = layers + 3 * min(k.output_fwd for k in ks)
         return self._work[key]
 
     def _mixed_layers(self, p, experts: float) -> float:
         """The layers' compute of a model with dense and MoE layers (docs/moe.md (E1)): n_d (f + b) of the dense
-        layer + n_m (f + b + ep_passes x the least expert communication) of the MoE layer, at the GPU type where
-        that sum is least."""
+        layer + n_m (f + b + the least expert communication's exposure, ep_passes x it unless overlapped (E10))
+        of the MoE layer, at the GPU type where that sum is least."""
         inst = self.instance
         moe = inst.model.moe.num_moe_layers
         dense = inst.model.num_layers - moe
@@ -69,7 +70,7 @@ class WorkBound:
             kd = stage_constants(inst, p, p.pp - 1, g, "dense")
             km = stage_constants(inst, p, p.pp - 1, g, "moe")
             best = min(best, dense * (kd.f_compute + kd.b_compute)
-                       + moe * (km.f_compute + km.b_compute + km.ep_passes * experts))
+                       + moe * (km.f_compute + km.b_compute + km.ep_exposed(experts)))
         return best
 
     def __call__(self, config: Config) -> float:

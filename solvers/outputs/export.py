@@ -153,6 +153,12 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
             args.append(("--overlap-param-gather", None))
     if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
+    if p.moe_a2a_overlap:  # (E10) the Megatron MoE Model Zoo's A2A_OVERLAP=1 (sbatch_benchmarking.sh @e8650517)
+        env.update({"CUDA_DEVICE_MAX_CONNECTIONS": "32", "NVTE_FWD_LAYERNORM_SM_MARGIN": "24",
+                    "NVTE_BWD_LAYERNORM_SM_MARGIN": "24"})
+        notes.append("the MoE all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute) runs "
+                     "with CUDA_DEVICE_MAX_CONNECTIONS=32 and 24 SMs kept from the layernorm kernels, as the Megatron "
+                     "MoE Model Zoo launches it")
     return args + moe_arguments(model, job, p), notes, env
 
 

@@ -127,6 +127,8 @@ def moe_arguments(model, job, p: Placement) -> list[tuple[str, object]]:
             args.append(("--moe-enable-deepep", None))
         if job.moe_grouped_gemm:
             args.append(("--moe-grouped-gemm", None))
+        if p.moe_a2a_overlap:  # (E10) the all-to-all beside the other micro-batch's compute, weight gradients delayed
+            args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
         if dense:  # Megatron-LM's list form, 1 = MoE layer
             args.append(("--moe-layer-freq", "[" + ",".join(str(k) for k in moe.layer_pattern) + "]"))
         if moe.shared_expert_ffn_hidden_size:

@@ -103,12 +103,40 @@ def framework_line(instance) -> str:
             f"--framework megatron|torchtitan plans for the framework you launch")
 
 
+def overlap_line(instance, placement, estimate) -> str:
+    """Whether an MoE plan overlaps its all-to-all with the other micro-batch's compute (docs/moe.md (E10)) and
+    what that changes: the exposed expert communication, the iteration time and the peak memory with and without
+    it, or why it is off; "" for a plan without expert parallelism."""
+    if instance.model.moe is None or placement.ep < 2:
+        return ""
+    from formulation.physics import moe_overlap
+    job = instance.training
+    flags = "Megatron-Core --overlap-moe-expert-parallel-comm --delay-wgrad-compute"
+    other = evaluate(instance, dataclasses.replace(placement, moe_a2a_overlap=not placement.moe_a2a_overlap),
+                     check=False) if placement.moe_a2a_overlap or not moe_overlap.problem(
+        instance.model, job, placement) else None
+    if placement.moe_a2a_overlap:
+        return (f"MoE all-to-all overlap: on ({flags}): expert communication exposed "
+                f"{estimate.breakdown['ep_comm_s']:.3f} s per iteration, {other.breakdown['ep_comm_s']:.3f} s without; "
+                f"iteration {other.iteration_time_s:.4f} s -> {estimate.iteration_time_s:.4f} s, peak memory "
+                f"{other.peak_memory_gib:.1f} -> {estimate.peak_memory_gib:.1f} GiB")
+    if other is None:
+        return f"MoE all-to-all overlap: off ({moe_overlap.problem(instance.model, job, placement)})"
+    why = "training.moe_a2a_overlap excludes it; " if True not in job.moe_a2a_overlap else ""
+    fits = "" if other.fits else ", does not fit"
+    return (f"MoE all-to-all overlap: off ({why}with it this placement: {other.iteration_time_s:.4f} s, "
+            f"{other.peak_memory_gib:.1f} GiB{fits})")
+
+
 def result_lines(instance, result) -> list[str]:
-    """Everything printed after a plan's summary: the framework it is for; for a searched plan the solver, the
-    default comparison, hints, runners-up (a scored placement, `solve --evaluate`, has no solver)."""
+    """Everything printed after a plan's summary: the framework it is for, the MoE all-to-all overlap; for a
+    searched plan the solver, the default comparison, hints, runners-up (a scored placement, `solve --evaluate`,
+    has no solver)."""
+    overlap = overlap_line(instance, result.placement, result.estimate)
+    head = [framework_line(instance)] + ([overlap] if overlap else [])
     if getattr(result, "solver", None) is None:
-        return [framework_line(instance)]
-    lines = [framework_line(instance)] + solver_lines(result)
+        return head
+    lines = head + solver_lines(result)
     comparison = default_comparison(instance, result)
     lines += [comparison] if comparison else []
     lines += [f"hint: {hint['note']}" for hint in getattr(result, "hints", [])]

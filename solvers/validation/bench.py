@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -114,8 +115,8 @@ def _run_baseline(instance, method: str, seed: int, budget: float, earlier: dict
         auto = earlier.get(("auto@budget", seed))
         if auto is None:
             raise ValueError("node-sa@budget needs auto@budget before it in --methods (it takes auto's configuration)")
-        *positional, ep, etp = auto["config"]  # config_key(): the positional fields, then ep and etp
-        found = node_sa(instance, Config(*positional, ep=ep, etp=etp), budget, seed)
+        names = [f.name for f in dataclasses.fields(Config)]  # config_key(): every field of Config, in order
+        found = node_sa(instance, Config(**dict(zip(names, auto["config"]))), budget, seed)
         placement, estimate, history = found.placement, found.estimate, found.history
         reported = "node-permutation SA, auto's configuration"
     return {"objective_s": estimate.iteration_time_s, "bound_s": None, "gap": None,

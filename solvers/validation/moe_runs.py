@@ -11,7 +11,9 @@ preset. A row carries the expert fields: `ep`, `etp`, `dispatcher` (`alltoall`,
 `layers_per_stage` (comma-separated; Megatron-Core's embedding- and loss-accounting splits give the first and last
 stage fewer layers). `recompute` is the mapped granularity (none / selective / full), `recompute_published` what
 the source ran: under `selective` its words name Megatron-Core's recompute modules (`norm` and `act` as the ModelZoo
-abbreviates layernorm and moe_act), which become the job's `recompute_modules`; `flagged` lists the features the model does not have (the row is still scored, and reported
+abbreviates layernorm and moe_act), which become the job's `recompute_modules`; `moe_a2a_overlap` (true or blank)
+whether the run overlapped the all-to-all with the other micro-batch's compute (`--overlap-moe-expert-parallel-comm
+--delay-wgrad-compute`, docs/moe.md (E10)); `flagged` lists the features the model does not have (the row is still scored, and reported
 apart from the clean rows). Measured time: `iter_s`, else the published TFLOP/s per GPU with Megatron-LM's MoE
 FLOP count (docs/moe.md (E8)), full or with causal attention as `flop_count` says. Every row is predicted and never fitted (`Run.fitted` is False).
 """
@@ -128,9 +130,11 @@ def moe_run_from_row(index: int, r: dict, base_dir: Path | None = None):
     if len(layers) != pp or sum(layers) != instance.model.num_layers:
         return Run(**base, skipped_reason=f"layers_per_stage {layers} is not {pp} stages of "
                                           f"{instance.model.num_layers} layers")
+    overlap = (r.get("moe_a2a_overlap") or "").strip().lower() in ("true", "1")
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=int(r["vp"] or 1), micro_batch_size=int(r["mbs"] or 1),
                           recompute=r["recompute"] or "none", zero_stage=int(r["zero"] or 1),
-                          layers_per_stage=layers, gpus=tuple(range(n_gpus)), ep=int(r["ep"]), etp=int(r["etp"] or 1))
+                          layers_per_stage=layers, gpus=tuple(range(n_gpus)), ep=int(r["ep"]), etp=int(r["etp"] or 1),
+                          moe_a2a_overlap=overlap)
     measured, how = measured_time(r, instance)
     return Run(**base | {"instance": instance, "placement": placement, "measured_iter_s": measured,
                          "measured_how": how})
