@@ -25,9 +25,9 @@ INF = float("inf")
 
 
 @functools.lru_cache(maxsize=2)
-def node_links(cluster) -> np.ndarray:
-    """N x N: the fastest GPU pair between two nodes (the node figure, or a faster measured GPU pair), -INF on
-    the diagonal. The graph the cut and span bounds reason about. Cached per cluster."""
+def _node_pair_links(cluster) -> np.ndarray:
+    """N x N over nodes: the fastest GPU pair between two nodes (the node figure, or a faster measured GPU
+    pair), -INF on the diagonal."""
     W = np.array(cluster.inter_gb_per_s, dtype=float)
     for (a, b), value in cluster.gpu_pair_gb_per_s.items():
         i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
@@ -36,11 +36,41 @@ def node_links(cluster) -> np.ndarray:
     return W
 
 
+def _domain_starts(cluster) -> np.ndarray:
+    """First node of every NVLink domain (domains are consecutive runs of nodes)."""
+    return np.flatnonzero(np.r_[True, np.diff(cluster.node_domain) != 0])
+
+
+@functools.lru_cache(maxsize=2)
+def node_links(cluster) -> np.ndarray:
+    """U x U over the units of the groups' slow level (nodes, or NVLink domains where declared): the fastest GPU
+    pair between two units, -INF on the diagonal. The graph the cut and span bounds reason about. Cached."""
+    W = _node_pair_links(cluster)
+    if not cluster.has_domains:
+        return W
+    starts = _domain_starts(cluster)
+    D = np.maximum.reduceat(np.maximum.reduceat(W, starts, axis=0), starts, axis=1)
+    np.fill_diagonal(D, -INF)
+    return D
+
+
+def level_units(cluster) -> tuple[int, int]:
+    """(units a group can span, most GPUs in one unit): nodes, or NVLink domains where declared."""
+    return len(cluster.domain_gpus), int(cluster.domain_gpus.max())
+
+
 def cluster_extremes(cluster) -> tuple[float, float]:
-    """Fastest intra-node and inter-node GPU-pair bandwidth anywhere in the cluster (INF: no such pair)."""
+    """Fastest GPU pair anywhere in the cluster at the fast level (inside a node, or across nodes of one NVLink
+    domain) and at the slow level (across nodes, or across domains) (INF: no such pair)."""
     intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for m in cluster.intra_gb_per_s if m.shape[0] > 1),
                 default=INF)
-    inter = float(node_links(cluster).max()) if len(cluster.nodes) > 1 else INF
+    if cluster.has_domains:
+        W = _node_pair_links(cluster)
+        same = cluster.node_domain[:, None] == cluster.node_domain[None, :]
+        np.fill_diagonal(same, False)
+        if same.any():
+            intra = max(intra, float(W[same].max())) if intra != INF else float(W[same].max())
+    inter = float(node_links(cluster).max()) if level_units(cluster)[0] > 1 else INF
     return intra, inter
 
 
@@ -51,7 +81,7 @@ def weakest_cuts(cluster, limit: int = 3) -> list[tuple[float, int]]:
     defines one: removing it splits the tree, and no link across is faster than the edge (else the tree
     would not be maximum). The `limit` weakest edges give the strongest cuts. Prim, O(N^2); [] for one node.
     """
-    n = len(cluster.nodes)
+    n = level_units(cluster)[0]
     if n < 2:
         return []
     W = node_links(cluster)
@@ -69,7 +99,7 @@ def weakest_cuts(cluster, limit: int = 3) -> list[tuple[float, int]]:
     children: dict[int, list[int]] = {}
     for _, parent, child in edges:
         children.setdefault(parent, []).append(child)
-    gpus = [node.num_gpus for node in cluster.nodes]
+    gpus = [int(g) for g in cluster.domain_gpus]
     cuts = []
     for weight, _, child in sorted(edges)[:limit]:
         side, stack = 0, [child]  # the subtree below the edge
@@ -88,7 +118,7 @@ def span_bandwidth(cluster) -> np.ndarray:
     In a set S of N nodes, every member v meets the others over at most its (N-1)-th fastest link, so the
     slowest pair of S is at most min over v in S of that; the best S can do is the N-th largest of these
     figures over all nodes. Exact for N = all nodes (the slowest pair anywhere). O(n^2 log n), cached."""
-    n = len(cluster.nodes)
+    n = level_units(cluster)[0]
     ub = np.full(n + 1, INF)
     if n < 2:
         return ub
@@ -347,7 +377,7 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     p = placement_for(config, even_split(model.num_layers, config.pp), range(cluster.num_gpus))
     gpu_type = min(cluster.gpu_types.values(), key=lambda g: cost.layer_compute(model, job, p, g).forward)
     intra, inter = cluster_extremes(cluster)
-    max_nodes, cap = len(cluster.nodes), max(n.num_gpus for n in cluster.nodes)
+    max_nodes, cap = level_units(cluster)
     first = stage_constants(instance, p, 0, gpu_type)
     last = stage_constants(instance, p, config.pp - 1, gpu_type)
     w_bytes, g_bytes, _ = job.bytes_per_param_state
