@@ -13,6 +13,7 @@ from pathlib import Path
 from formulation.inputs.job import DEFAULT_RECOMPUTE_MODULES
 from formulation.placement import Placement
 from solvers.outputs.files import write_json_atomic, write_text_atomic
+from solvers.outputs.racks import check_domains, layout_lines, rack_environment, slurm_rack_lines
 from solvers.outputs.model_arguments import model_arguments, moe_arguments, vocab_padding  # noqa: F401 (re-export)
 from solvers.outputs.report import comment_lines
 from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_toml
@@ -153,6 +154,9 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
             args.append(("--overlap-param-gather", None))
     if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
+    rack_env, rack_notes = rack_environment(instance, p)
+    env.update(rack_env)
+    notes += rack_notes
     return args + moe_arguments(model, job, p), notes, env
 
 
@@ -231,13 +235,19 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
 
     p, out = plan.placement, Path(out_dir)
     files: dict[str, str] = {"megatron_args.sh": megatron_args_script(instance, plan)}
-    hostfile, slurm_script = slurm_files(slurm_launch(instance, p), p, instance.training.framework)
-    check_groups(instance, p, parse_slurm_files(hostfile, slurm_script))
+    slurm = slurm_launch(instance, p)
+    racks = slurm_rack_lines(instance.cluster, list(dict.fromkeys(slurm.hostfile)))
+    hostfile, slurm_script = slurm_files(slurm, p, instance.training.framework, racks)
+    launched = parse_slurm_files(hostfile, slurm_script)
+    check_groups(instance, p, launched)
+    check_domains(instance, p, launched.realise(instance.cluster), "slurm")
     files["launch_slurm.sh"], files["hostfile"] = slurm_script, hostfile
     torchrun = torchrun_launch(instance, p)
     if torchrun is not None:
         files["launch_torchrun.sh"] = torchrun_script(torchrun, p, instance.training.framework)
-        check_groups(instance, p, parse_torchrun_script(files["launch_torchrun.sh"]))
+        launched_torchrun = parse_torchrun_script(files["launch_torchrun.sh"])
+        check_groups(instance, p, launched_torchrun)
+        check_domains(instance, p, launched_torchrun.realise(instance.cluster), "torchrun")
     files["torchtitan_args.sh"] = torchtitan_args_script(instance, plan)
     files["torchtitan-0.2.toml"] = torchtitan_toml(instance, plan)
     written: dict[str, Path] = {}
@@ -258,6 +268,10 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
               + (" and its expert groups (ep, expert tp, expert dp, tp-ep)" if p.ep * p.etp > 1 else "")
               + " rebuilt from " + ("both launch routes" if torchrun is not None else "the Slurm route")
               + " equal the plan's groups.", ""]
+    if instance.cluster.has_domains:
+        readme += ["Rack self-check passed: every tp, cp and ep group the plan keeps inside one NVLink domain lies "
+                   "inside one in " + ("both launch routes" if torchrun is not None else "the Slurm route") + ".",
+                   *layout_lines(instance.cluster, p), ""]
     if torchrun is None:
         readme += ["No launch_torchrun.sh: some node hosts ranks that are not one contiguous block of equal size, "
                    "which torchrun cannot express; use launch_slurm.sh.", ""]
