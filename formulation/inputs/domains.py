@@ -1,5 +1,5 @@
 """`cluster.nvlink_domains`: sets of nodes (trays) whose GPUs talk over one NVLink fabric, as the 18 trays of 4
-GPUs of a GB200 / GB300 NVL72 rack (docs/instance-format.md, docs/links.md (L5)). Read strictly: every node in at
+GPUs of a GB200 / GB300 NVL72 rack (docs/instance-format.md, docs/racks.md). Read strictly: every node in at
 most one domain, a domain's nodes of one GPU type and listed consecutively, at most MAX_GPUS_PER_DOMAIN GPUs."""
 
 from __future__ import annotations
