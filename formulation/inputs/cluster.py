@@ -198,17 +198,20 @@ class Cluster:
         """`group_links` with NVLink domains: the fast level is every pair inside one domain (inside a node from
         its matrix, across its nodes from the node matrix, which holds the domain's figure), the slow level every
         pair across domains; N counts domains, k the fewest members in one."""
-        domains = self.gpu_domain[gpus]
-        uniq, counts = np.unique(domains, return_counts=True)
         nodes = self.gpu_node[gpus]
+        used, on_node = np.unique(nodes, return_counts=True)
+        domains, where = np.unique(self.node_domain[used], return_inverse=True)
+        counts = np.bincount(where, weights=on_node).astype(np.int64)
         intra = np.inf
-        for node in np.unique(nodes):
+        shared = used[on_node > 1]  # nodes with two members or more: their own matrix's pairs
+        uniform = self._uniform_intra[shared]
+        if (~np.isnan(uniform)).any():
+            intra = float(np.nanmin(uniform))
+        for node in shared[np.isnan(uniform)]:
             local = self.gpu_local[gpus[nodes == node]]
-            if len(local) > 1:
-                sub = self.intra_gb_per_s[node][np.ix_(local, local)]
-                intra = min(intra, float(sub[~np.eye(len(local), dtype=bool)].min()))
+            sub = self.intra_gb_per_s[node][np.ix_(local, local)]
+            intra = min(intra, float(sub[~np.eye(len(local), dtype=bool)].min()))
         inter = np.inf
-        used = np.unique(nodes)
         if len(used) > 1:
             same = self.node_domain[used][:, None] == self.node_domain[used][None, :]
             members = [int(g) for g in gpus]
@@ -227,7 +230,18 @@ class Cluster:
                     intra = min(intra, float(sub[same & off].min()))
                 if (~same).any():
                     inter = float(sub[~same].min())
-        return intra, inter, int(len(uniq)), int(counts.min())
+        return intra, inter, int(len(domains)), int(counts.min())
+
+    @cached_property
+    def _uniform_intra(self) -> np.ndarray:
+        """Per node: the figure of every pair of its GPUs where it has one (NaN where pairs differ or alone)."""
+        out = np.full(len(self.nodes), np.nan)
+        for i, m in enumerate(self.intra_gb_per_s):
+            if m.shape[0] > 1:
+                off = m[~np.eye(m.shape[0], dtype=bool)]
+                if off.min() == off.max():
+                    out[i] = off.min()
+        return out
 
     def interchangeable_nodes(self) -> list[list[int]]:
         """Classes of nodes that can be swapped without changing any bandwidth (same GPU type, same intra-node

@@ -180,7 +180,9 @@ def precision_arguments(job) -> list[tuple[str, object]]:
     """bf16 or fp16; FP8 is a bf16 run with Transformer Engine's FP8 GEMMs, with NeMo's FP8 recipe
     (bf16_with_fp8_mixed), and FP8 weights where the memory model keeps them (formulation/physics/memory.py (M6))."""
     args: list[tuple[str, object]] = [("--fp16" if job.precision == "fp16" else "--bf16", None)]
-    if job.precision == "fp8":
+    if job.precision == "fp8" and job.fp8_recipe == "mxfp8":  # E4M3 everywhere, TE's MXFP8BlockScaling default
+        args += [("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")]
+    elif job.precision == "fp8":
         args += [("--fp8-format", "hybrid"), ("--fp8-amax-history-len", 1024), ("--fp8-amax-compute-algo", "max")]
         if job.fp8_weights:
             args.append(("--fp8-param-gather", None))
