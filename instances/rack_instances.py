@@ -88,18 +88,18 @@ def mi300x_256() -> dict:
     }
 
 
-def h100_gb200_272() -> dict:
-    """16 DGX H100 nodes beside 2 GB200 NVL72 racks, one fabric: the case of a team that adds racks to its
+def h100_gb200_256() -> dict:
+    """14 DGX H100 nodes beside 2 GB200 NVL72 racks (256 GPUs), one fabric: the case of a team that adds racks to its
     Hopper pod (Tangram's mixed cluster, with today's parts). The pods meet at a spine of ~24 GB/s per NIC."""
-    h100 = [f"h100-{i:02d}" for i in range(16)]
+    h100 = [f"h100-{i:02d}" for i in range(14)]
     trays = [f"tray{i:02d}" for i in range(36)]
     names = h100 + trays
     nic = {n: 48.0 for n in names}
     pod = {n: ("h100" if n in h100 else "gb200") for n in names}
     matrix = [[0.0 if a == b else (min(nic[a], nic[b]) if pod[a] == pod[b] else 24.0) for b in names] for a in names]
     return {
-        "name": "h100_gb200_272",
-        "description": "Llama-3 70B, sequence 8192, global batch 512 sequences on a mixed cluster: 16 DGX H100 nodes "
+        "name": "h100_gb200_256",
+        "description": "Llama-3 70B, sequence 8192, global batch 512 sequences on a mixed cluster: 14 DGX H100 nodes "
                        "(NVLink 4, 450 GB/s; NDR 400G per GPU) and 2 GB200 NVL72 racks (NVLink 5 domains of 18 "
                        "trays x 4 GPUs, 900 GB/s; ConnectX-7 400G per GPU); the pods meet at a spine of ~24 GB/s "
                        "per NIC. Prices per GPU-hour: typical 2026 cloud list prices.",
@@ -123,4 +123,4 @@ def h100_gb200_272() -> dict:
 
 
 BUILDERS = {"gb200_nvl72_576": gb200_nvl72_576, "gb300_nvl72_4608": gb300_nvl72_4608, "mi300x_256": mi300x_256,
-            "h100_gb200_272": h100_gb200_272}
+            "h100_gb200_256": h100_gb200_256}

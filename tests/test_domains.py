@@ -167,7 +167,7 @@ def test_each_rack_of_a_mixed_cluster_is_an_island():
     """H100 nodes beside two GB200 racks: the islands are the H100 pod and each rack whole (a tray of a rack sees
     its rack at NVLink speed and the other rack over the NICs, yet is never parted from its rack)."""
     from formulation.programs.islands import find_islands
-    cluster = load_instance("instances/h100_gb200_272.json").cluster
+    cluster = load_instance("instances/h100_gb200_256.json").cluster
     islands = find_islands(cluster)
-    assert [(i.gpu_type, i.num_gpus) for i in islands] == [("h100-sxm-80gb", 128), ("gb200", 72), ("gb200", 72)]
+    assert [(i.gpu_type, i.num_gpus) for i in islands] == [("h100-sxm-80gb", 112), ("gb200", 72), ("gb200", 72)]
     assert [cluster.domain_name(int(cluster.node_domain[i.nodes[0]])) for i in islands[1:]] == ["rack0", "rack1"]
