@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from formulation.physics import cost
 from formulation.space import Config
 
-from solvers.bounds.parts import (INF, Parts, best_group_time, expert_layer_floor, stage_parts,
-                                  weakest_cuts, level_units)
+from solvers.bounds.levels import level_units, weakest_cuts
+from solvers.bounds.parts import INF, Parts, best_group_time, expert_layer_floor, stage_parts
 
 
 def _chain_split(w: Parts, b: Parts, us: list[float], split: set, floor: float, fixed: float,

@@ -23,7 +23,8 @@ from formulation.physics import layer_kinds
 from formulation.physics.stage import stage_constants
 from formulation.space import Config, placement_for
 
-from solvers.bounds.parts import cluster_extremes, expert_layer_floor, level_units, span_bandwidth
+from solvers.bounds.levels import cluster_extremes, level_units, span_bandwidth
+from solvers.bounds.parts import expert_layer_floor
 
 # Rounding guard: the bound is compared with evaluator times computed in another order of additions.
 _SAFETY = 1 - 1e-9
