@@ -180,7 +180,7 @@ def pipeline_message(instance, p: Placement) -> float:
 
 def pipeline_send(cluster, message: float, src: int, dst: int) -> float:
     """(C10) One send of `message` bytes from GPU src to GPU dst."""
-    return cost.p2p_time(message, cluster.bandwidth(int(src), int(dst)), cluster.gpu_node[src] == cluster.gpu_node[dst],
+    return cost.p2p_time(message, cluster.bandwidth(int(src), int(dst)), cluster.gpu_domain[src] == cluster.gpu_domain[dst],
                          cluster)
 
 

@@ -22,7 +22,7 @@ def divisors(n: int) -> list[int]:
 def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
     """Every configuration Megatron-LM can run on `world_size` GPUs (default: the whole cluster).
 
-    tp within one node (and at most `max_tensor_parallel_size`), dividing the query and kv heads;
+    tp within one node or NVLink domain (and at most `max_tensor_parallel_size`), dividing the query and kv heads;
     pp at most the layer count; cp from the allowed sizes, dividing the sequence; dp fills the world;
     micro-batch sizes dividing the per-replica batch; vpp > 1 only with pp > 1, m divisible by pp and
     the layers divisible into whole chunks of vpp per stage; recompute and zero_stage from the allowed choices.
@@ -31,7 +31,7 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
     """
     model, job, cluster = instance.model, instance.training, instance.cluster
     world = world_size or cluster.num_gpus
-    gpus_per_node = min(n.num_gpus for n in cluster.nodes)
+    gpus_per_node = int(cluster.domain_gpus.min())  # a node's GPUs, or an NVLink domain's where declared
     max_tp = min(gpus_per_node, job.max_tensor_parallel_size or gpus_per_node)
     fsdp_only = job.software_stack in DATA_PARALLEL_ONLY  # llm-foundry: tp = pp = cp = 1
     for tp in divisors(world):

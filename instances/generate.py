@@ -12,6 +12,11 @@ from pathlib import Path
 
 from solvers.outputs.files import write_json_atomic
 
+try:  # run as a script (python instances/generate.py) or imported as instances.generate
+    from rack_instances import BUILDERS as RACK_BUILDERS
+except ImportError:
+    from instances.rack_instances import BUILDERS as RACK_BUILDERS
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -312,7 +317,7 @@ BUILDERS = {"small_4x2": lambda: small_matrix(4, 2), "small_2x4": lambda: small_
             "measured_4": lambda: measured_matrix(4), "measured_16": lambda: measured_matrix(16), "measured_32": lambda: measured_matrix(32),
             "measured_64": lambda: measured_matrix(64),
             "a100_h100_64": a100_h100_64, "mixed_256": mixed_256, "mixtral_8x7b_h100_64": mixtral_8x7b_h100_64,
-            "mixtral_8x7b_a100_h100_64": mixtral_8x7b_a100_h100_64, "deepseek_v3_h100_1024": deepseek_v3_h100_1024}
+            "mixtral_8x7b_a100_h100_64": mixtral_8x7b_a100_h100_64, "deepseek_v3_h100_1024": deepseek_v3_h100_1024, **RACK_BUILDERS}
 
 
 def write(name: str, data: dict, out_dir: Path) -> Path:

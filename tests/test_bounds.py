@@ -18,7 +18,8 @@ from test_exact import _maps
 
 from formulation import evaluate, instance_from_dict
 from formulation.space import configurations, placement_for
-from solvers.bounds.parts import least_slowest_stage, weakest_cuts
+from solvers.bounds.levels import weakest_cuts
+from solvers.bounds.parts import least_slowest_stage
 from solvers.bounds.configs import cut_bound, fast_bound
 from solvers.bounds.kinds import KindPartitions, KindUnit
 from solvers.bounds.work import WorkBound

@@ -7,6 +7,12 @@ one-way runs at its slower direction, see docs/links.md) is stored at the granul
 - between nodes: one N x N matrix of per-GPU (per-NIC) bandwidth, nominal `inter_node_gb_per_s`, lowered
   by per-node NIC overrides (a pair runs at the slower of its two ends) and replaced by measured node pairs;
 - measured GPU pairs across nodes: a sparse override table.
+NVLink domains (`domain_of_node`, docs/instance-format.md): consecutive nodes (trays) whose GPUs talk over one
+NVLink fabric, as in a GB200 NVL72 rack. A pair of nodes of one domain carries the domain's figure in the node
+matrix, and the collective groups' two levels are the domain's NVLink and the network beyond it: a group's
+"intra" level is every pair inside one domain (inside a tray or across trays), its "inter" level every pair
+across domains, N the domains it spans and k its fewest members in one. Without domains every node is its own
+domain and all of this is the node-level model unchanged.
 Each level has a latency (alpha) so that effective bandwidth grows with message size. Measurement files
 (nccl-tests logs, `nvidia-smi topo -m`) are read by `formulation.inputs.ingest`; `cluster_section.py` loads the section.
 """
@@ -30,6 +36,9 @@ from formulation.inputs.gpus import GpuType
 MAX_GPUS = 65_536
 MAX_NODES = 8_192
 MAX_GPUS_PER_NODE = 64
+# An NVLink domain holds at most 576 GPUs: NVLink 5's largest domain (NVIDIA's NVLink page: "up to 576 GPUs in a
+# non-blocking compute fabric"); a node inside a declared domain may then hold more than MAX_GPUS_PER_NODE.
+MAX_GPUS_PER_DOMAIN = 576
 
 @dataclass(frozen=True)
 class Node:
@@ -50,6 +59,9 @@ class Cluster:
     intra_latency_s: float = 5e-6
     inter_latency_s: float = 15e-6
     nominal_levels: tuple[bool, bool] = (True, True)  # (intra, inter) level figures are nominal, not nccl-tests fits
+    # NVLink domains: the domain of every node (consecutive runs, numbered in order); None: each node its own
+    domain_of_node: tuple[int, ...] | None = None
+    domain_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # One semantics for one-way measurements (docs/links.md): a GPU pair runs at the slower of its two
@@ -71,6 +83,32 @@ class Cluster:
     def gpu_node(self) -> np.ndarray:
         """Node index of every global GPU index (GPUs numbered node by node in the listed order)."""
         return np.repeat(np.arange(len(self.nodes)), [n.num_gpus for n in self.nodes])
+
+    @cached_property
+    def node_domain(self) -> np.ndarray:
+        """NVLink domain of every node (its own index where no domain is declared)."""
+        if self.domain_of_node is None:
+            return np.arange(len(self.nodes))
+        return np.asarray(self.domain_of_node, dtype=np.int64)
+
+    @cached_property
+    def gpu_domain(self) -> np.ndarray:
+        """NVLink domain of every GPU: the unit of the collective groups' fast level (`gpu_node` without domains)."""
+        if self.domain_of_node is None:
+            return self.gpu_node
+        return self.node_domain[self.gpu_node]
+
+    @property
+    def has_domains(self) -> bool:
+        return self.domain_of_node is not None
+
+    @cached_property
+    def domain_gpus(self) -> np.ndarray:
+        """GPUs of every domain (of every node without domains)."""
+        return np.bincount(self.gpu_domain, minlength=int(self.node_domain.max()) + 1 if len(self.nodes) else 0)
+
+    def domain_name(self, domain: int) -> str:
+        return self.domain_names[domain] if self.domain_of_node is not None else self.nodes[domain].name
 
     @cached_property
     def gpu_local(self) -> np.ndarray:
@@ -133,6 +171,8 @@ class Cluster:
         return found
 
     def _group_links(self, gpus: np.ndarray) -> tuple[float, float, int, int]:
+        if self.domain_of_node is not None:
+            return self._domain_group_links(gpus)
         nodes = self.gpu_node[gpus]
         uniq, counts = np.unique(nodes, return_counts=True)
         intra = np.inf
@@ -154,6 +194,55 @@ class Cluster:
                 inter = float(sub[~np.eye(len(uniq), dtype=bool)].min())
         return intra, inter, int(len(uniq)), int(counts.min())
 
+    def _domain_group_links(self, gpus: np.ndarray) -> tuple[float, float, int, int]:
+        """`group_links` with NVLink domains: the fast level is every pair inside one domain (inside a node from
+        its matrix, across its nodes from the node matrix, which holds the domain's figure), the slow level every
+        pair across domains; N counts domains, k the fewest members in one."""
+        nodes = self.gpu_node[gpus]
+        used, on_node = np.unique(nodes, return_counts=True)
+        domains, where = np.unique(self.node_domain[used], return_inverse=True)
+        counts = np.bincount(where, weights=on_node).astype(np.int64)
+        intra = np.inf
+        shared = used[on_node > 1]  # nodes with two members or more: their own matrix's pairs
+        uniform = self._uniform_intra[shared]
+        if (~np.isnan(uniform)).any():
+            intra = float(np.nanmin(uniform))
+        for node in shared[np.isnan(uniform)]:
+            local = self.gpu_local[gpus[nodes == node]]
+            sub = self.intra_gb_per_s[node][np.ix_(local, local)]
+            intra = min(intra, float(sub[~np.eye(len(local), dtype=bool)].min()))
+        inter = np.inf
+        if len(used) > 1:
+            same = self.node_domain[used][:, None] == self.node_domain[used][None, :]
+            members = [int(g) for g in gpus]
+            member_set = set(members)
+            if any(a in member_set or b in member_set for a, b in self.gpu_pair_gb_per_s):
+                for a, b in itertools.combinations(members, 2):
+                    if self.gpu_node[a] != self.gpu_node[b]:
+                        if self.gpu_domain[a] == self.gpu_domain[b]:
+                            intra = min(intra, self.bandwidth(a, b))
+                        else:
+                            inter = min(inter, self.bandwidth(a, b))
+            else:
+                sub = self.inter_gb_per_s[np.ix_(used, used)]
+                off = ~np.eye(len(used), dtype=bool)
+                if (same & off).any():
+                    intra = min(intra, float(sub[same & off].min()))
+                if (~same).any():
+                    inter = float(sub[~same].min())
+        return intra, inter, int(len(domains)), int(counts.min())
+
+    @cached_property
+    def _uniform_intra(self) -> np.ndarray:
+        """Per node: the figure of every pair of its GPUs where it has one (NaN where pairs differ or alone)."""
+        out = np.full(len(self.nodes), np.nan)
+        for i, m in enumerate(self.intra_gb_per_s):
+            if m.shape[0] > 1:
+                off = m[~np.eye(m.shape[0], dtype=bool)]
+                if off.min() == off.max():
+                    out[i] = off.min()
+        return out
+
     def interchangeable_nodes(self) -> list[list[int]]:
         """Classes of nodes that can be swapped without changing any bandwidth (same GPU type, same intra-node
         matrix, and the transposition of the two nodes is an automorphism of the inter-node matrix).
@@ -171,6 +260,9 @@ class Cluster:
             for r in reps:
                 if r in touched or i in touched or self.nodes[r].gpu_type != node.gpu_type:
                     continue
+                if self.node_domain[r] != self.node_domain[i] and (self.domain_gpus[self.node_domain[r]] != node.num_gpus
+                                                                   or self.domain_gpus[self.node_domain[i]] != node.num_gpus):
+                    continue  # a node may change domains only where both are alone in theirs
                 if self.nodes[r].num_gpus != node.num_gpus or not np.array_equal(self.intra_gb_per_s[r],
                                                                                   self.intra_gb_per_s[i]):
                     continue

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from formulation.errors import MAX_GB_PER_S, MIN_GB_PER_S, Section, is_finite
-from formulation.inputs.cluster import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES, Cluster, Node
+from formulation.inputs.cluster import MAX_GPUS, MAX_GPUS_PER_DOMAIN, MAX_GPUS_PER_NODE, MAX_NODES, Cluster, Node
+from formulation.inputs.domains import apply_domains, load_domains
 from formulation.inputs.gpus import gpu_type_from_dict
 from formulation.inputs.ingest import network as measured
 
@@ -26,13 +27,14 @@ def load_cluster_section(data: dict, file: str, software_stack: str = "megatron"
     for name in list(types_sec.data):
         gpu_types[name] = gpu_type_from_dict(name, types_sec.raw(name), file, f"cluster.gpu_types.{name}",
                                              software_stack)
-    nodes = _load_nodes(sec, gpu_types)
+    nodes = _load_nodes(sec, gpu_types, MAX_GPUS_PER_DOMAIN if sec.has("nvlink_domains") else MAX_GPUS_PER_NODE)
+    domains = load_domains(sec, nodes)
     net = sec.section("network")
     sec.done()
-    return _load_network(net, nodes, gpu_types, base_dir or Path("."))
+    return _load_network(net, nodes, gpu_types, base_dir or Path("."), domains)
 
 
-def _load_nodes(sec: Section, gpu_types: dict) -> tuple[Node, ...]:
+def _load_nodes(sec: Section, gpu_types: dict, max_gpus_per_node: int = MAX_GPUS_PER_NODE) -> tuple[Node, ...]:
     """`nodes`: a list of {"name", "gpu_type", "gpus"}; `{"count": n, "prefix": "node", ...}` expands to n nodes,
     as an item of the list or alone (the compact form of a cluster of identical nodes needs no brackets)."""
     nodes: list[Node] = []
@@ -48,7 +50,7 @@ def _load_nodes(sec: Section, gpu_types: dict) -> tuple[Node, ...]:
         if gpu_type not in gpu_types:
             raise ns.error("gpu_type", f"GPU type {gpu_type!r} is not defined in cluster.gpu_types "
                                        f"(defined: {', '.join(gpu_types)})")
-        gpus = ns.integer("gpus", maximum=MAX_GPUS_PER_NODE)
+        gpus = ns.integer("gpus", maximum=max_gpus_per_node)
         if ns.has("count"):
             count = ns.integer("count", maximum=MAX_NODES)
             prefix = ns.string("prefix", default="node")
@@ -108,10 +110,11 @@ def _leaf_groups(net: Section, inter: np.ndarray) -> np.ndarray:
     return np.where(leaf[:, None] != leaf[None, :], np.minimum(inter, cross), inter)
 
 
-def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_dir: Path) -> Cluster:
+def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_dir: Path,
+                  domains: list | None = None) -> Cluster:
     """Inputs apply from the coarsest to the most specific, later ones winning where they speak: nominal level
     figures -> `nccl_tests` (fitted level figures and latencies) -> `leaf_groups` (unless a node matrix is
-    given) -> per-node `nodes` -> `node_matrix_gb_per_s`
+    given) -> per-node `nodes` -> `node_matrix_gb_per_s` -> `cluster.nvlink_domains` (pairs of nodes of one domain)
     -> `node_pairs` -> `sendrecv_logs` -> `nvidia_smi_topo` -> `gpu_matrix_gb_per_s` -> `gpu_pairs`."""
     intra_nominal = net.bandwidth("intra_node_gb_per_s")
     inter_nominal = net.bandwidth("inter_node_gb_per_s")
@@ -131,6 +134,7 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
     inter = (_matrix(net, "node_matrix_gb_per_s", len(nodes)) if net.has("node_matrix_gb_per_s")
              else _leaf_groups(net, np.minimum.outer(level, level)))
     inter = np.minimum(inter, np.minimum.outer(nic, nic))
+    domain_of_node, domain_names = apply_domains(domains or [], nodes, inter, intra_nominal)
     _node_pairs(net, index, inter)
     for a, b, value in measured.sendrecv_pairs(net, index, base_dir):
         inter[a, b] = inter[b, a] = value
@@ -144,7 +148,8 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
     return Cluster(gpu_types=gpu_types, nodes=nodes, intra_gb_per_s=tuple(intra), inter_gb_per_s=inter,
                    gpu_pair_gb_per_s=pairs, intra_latency_s=intra_latency, inter_latency_s=inter_latency,
                    nominal_levels=(all(v is None for v in fits.intra_gb_per_s),
-                                   all(v is None for v in fits.inter_gb_per_s)))
+                                   all(v is None for v in fits.inter_gb_per_s)),
+                   domain_of_node=domain_of_node, domain_names=domain_names)
 
 
 def _per_node_figures(net: Section, index: dict[str, int], intra: list[np.ndarray]) -> np.ndarray:

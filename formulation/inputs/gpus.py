@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from formulation.inputs.mxfp8 import MXFP8_PRESETS
 from formulation.data import DATA_DIR
 from formulation.errors import Section
 from formulation.physics.cost import term
@@ -33,6 +34,7 @@ class GpuType:
     price_per_hour: float = 0.0
     peak_fp8_tflops: float = 0.0  # dense FP8 peak (data sheet); 0: the GPU has no FP8 tensor cores
     fp8_matmul_efficiency: float = 1.0  # FP8 GEMM efficiency relative to the bf16 curve (docs/physics.md)
+    mxfp8: bool = False  # tensor cores with the MX formats (Blackwell): training.fp8_recipe mxfp8 runs here
 
     def matmul_time(self, flops: float, layer_gflop: float, fp8: bool = False) -> float:
         """(C1) t = F / (peak * e_max * W / (W + W_half)), W = per-GPU forward GFLOP of one layer; FP8 GEMMs run
@@ -112,5 +114,6 @@ def gpu_type_from_dict(name: str, data: dict, file: str, path: str, software_sta
             hint = f" (closest: {', '.join(closest)})" if closest else ""
             raise sec.error(key, f"required field is missing: {name!r} is not a catalog GPU type{hint}; give "
                                  f"`preset` (one of {', '.join(names)}) or every field")
+    values["mxfp8"] = sec.boolean("mxfp8", default=preset in MXFP8_PRESETS)
     sec.done()
     return GpuType(name=name, **values)

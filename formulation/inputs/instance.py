@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from formulation.inputs.mxfp8 import check_mxfp8
 from formulation.inputs.cluster import Cluster
 from formulation.inputs.cluster_section import load_cluster_section
 from formulation.errors import (
@@ -113,6 +114,7 @@ def instance_from_dict(data: dict, file: str = "<memory>", base_dir: Path | None
     if problem:
         raise InputError(file, "training.framework", problem)
     cluster = load_cluster_section(sec.raw("cluster"), file, training.software_stack, base_dir)
+    check_mxfp8(training, cluster, file)
     sec.done()
     return Instance(name=name, description=description, model=model, training=training, cluster=cluster,
                     source=file, warnings=tuple(plausibility_warnings(data, file)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from formulation.inputs.mxfp8 import RECIPES
 from formulation.errors import Section
 from formulation.inputs.frameworks import FRAMEWORKS, framework_zero_stages
 
@@ -62,6 +63,7 @@ class TrainingJob:
     # FP8 with Transformer Engine: weights kept in FP8 (Megatron-LM --fp8-param-gather; NeMo's FP8 recipe
     # bf16_with_fp8_mixed sets fp8_params=True) instead of bf16 beside an FP8 copy
     fp8_param_gather: bool = True
+    fp8_recipe: str = "delayed"  # FP8 scaling: per tensor with an amax history, or "mxfp8" per 32-element block
     # PyTorch FSDP's backward prefetch under ZeRO-3: "pre" gathers the next layer's parameters before the current
     # layer's gradients (FSDP1's BACKWARD_PRE default; FSDP2 and Megatron prefetch so too), "post" after them,
     # beside the current reduce-scatter (BACKWARD_POST, Composer's default: llm-foundry's), so the backward waits
@@ -116,6 +118,15 @@ class TrainingJob:
         if self.precision == "fp16" or self.software_stack == "megatron-deepspeed":
             return (2.0, 2.0, 16.0)
         return (2.0, 4.0, 12.0)
+
+
+def _fp8_recipe(sec: Section) -> str:
+    """`fp8_recipe`: delayed (Transformer Engine's per-tensor scaling, the default) or mxfp8 (one scale per 32
+    elements, Blackwell; formulation/inputs/mxfp8.py), with precision fp8 only."""
+    recipe = sec.string("fp8_recipe", default="delayed", choices=RECIPES)
+    if recipe == "mxfp8" and sec.data.get("precision") != "fp8":
+        raise sec.error("fp8_recipe", "mxfp8 is an FP8 recipe: set precision to fp8")
+    return recipe
 
 
 def _choices(sec: Section, key: str, allowed: tuple, default: tuple, kind: type) -> tuple:
@@ -179,6 +190,7 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         torch_compile=compile_on,
         compiled_loss=sec.boolean("compiled_loss", default=compile_on),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),
+        fp8_recipe=_fp8_recipe(sec),
         fsdp_backward_prefetch=sec.string("fsdp_backward_prefetch", default="post" if foundry else "pre",
                                           choices=("pre", "post")),
         fused_cross_entropy=sec.boolean("fused_cross_entropy", default=stack != "torchtitan"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from formulation.inputs.mxfp8 import SCALE_BYTES_PER_ELEMENT
 from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, moe_overlap, recompute_modules
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
@@ -110,7 +111,8 @@ def layer_activation_bytes(model, job, p) -> tuple[float, float]:
     else:
         attention = scores * p.cp / p.tp  # a local query block against the whole key sequence
     if job.precision == "fp8" and job.software_stack != "torchtitan" and cost.term("fp8_saved_inputs"):
-        split, replicated = fp8_saved_inputs(model, seq * p.micro_batch_size, split, replicated)
+        split, replicated = fp8_saved_inputs(model, seq * p.micro_batch_size, split, replicated,
+                                             job.fp8_recipe == "mxfp8")
     full_layer = split / p.tp + replicated / sp + attention
     if p.recompute == "none":
         return full_layer, 0.0
@@ -142,13 +144,18 @@ def eager_backward_working(model, job, p, seq: float, sp: int) -> float | None:
     return 2.0 * tokens * (f_units * model.ffn_hidden_size / p.tp + h_units * model.hidden_size / sp)
 
 
-def fp8_saved_inputs(model, tokens: float, split: float, replicated: float) -> tuple[float, float]:
+def fp8_saved_inputs(model, tokens: float, split: float, replicated: float,
+                     mxfp8: bool = False) -> tuple[float, float]:
     """(M4) with FP8 (Transformer Engine): a Linear saves its input for the weight gradient in FP8, 1 byte
     instead of 2. The two norm outputs (QKV and fc1 inputs, 2 s b h in `replicated`) and the fc2 input (2 s b f
     in `split`) are the GEMMs' own copies; the projection's input is also the attention output that the
-    attention kernel keeps in bf16, so its FP8 copy is one byte more (q wide). Returns (split, replicated)."""
+    attention kernel keeps in bf16, so its FP8 copy is one byte more (q wide). MXFP8 (M6'): each of these FP8
+    bytes carries 1 / 32 byte of block scales. Returns (split, replicated)."""
     q = model.num_attention_heads * model.head_dim
-    return split - tokens * model.ffn_hidden_size + tokens * q, replicated - 2.0 * tokens * model.hidden_size
+    f, h = model.ffn_hidden_size, model.hidden_size
+    scales = SCALE_BYTES_PER_ELEMENT if mxfp8 else 0.0
+    return (split - tokens * f + tokens * q + scales * tokens * (f + q),
+            replicated - 2.0 * tokens * h + scales * 2.0 * tokens * h)
 
 
 def op_level_selective_bytes(model, seq: float, micro_batch: int, tp: int, sp: int) -> float:
@@ -168,14 +175,16 @@ def fp8_weight_copy_bytes(job, p, layer_params: float) -> tuple[float, float]:
     backward (1 + 1 byte per parameter), for the whole iteration (reused across micro-batches); with ZeRO-3
     (torchao's FP8 all-gather) only the two layers in flight are unsharded. With FP8 parameters (Megatron-LM
     --fp8-param-gather, `training.fp8_param_gather`) the weight itself is FP8 and nothing is added: its 1 byte
-    and the cached transpose's 1 byte stand where the bf16 weight's 2 are counted. Returns (fixed, per layer)."""
+    and the cached transpose's 1 byte stand where the bf16 weight's 2 are counted. MXFP8 (M6'): both copies carry
+    1 / 32 byte of scales per parameter. Returns (fixed, per layer)."""
     if job.precision != "fp8" or not cost.term("fp8_weight_copies"):
         return 0.0, 0.0
+    scales = 2.0 * SCALE_BYTES_PER_ELEMENT if job.fp8_recipe == "mxfp8" else 0.0  # (M6') row- and column-wise
     if job.fp8_weights and cost.term("fp8_params"):
-        return 0.0, 0.0  # the FP8 weight and its transpose (1 + 1) replace the bf16 weight (2)
+        return 0.0, layer_params * scales  # the FP8 weight and its transpose (1 + 1) replace the bf16 weight (2)
     if p.zero_stage >= 3:
-        return 2 * layer_params * 2.0, 0.0
-    return 0.0, layer_params * 2.0
+        return 2 * layer_params * (2.0 + scales), 0.0
+    return 0.0, layer_params * (2.0 + scales)
 
 
 def loss_bytes_per_logit(job, p) -> float:

@@ -63,7 +63,7 @@ def boundary_time(instance, config: Config, src, dst) -> float:
     sp = job.sequence_parallel_size(config.tp)
     message = cost.activation_message_bytes(instance.model, job, _template(config, src)) / sp
     return max(cost.p2p_time(message, cluster.bandwidth(int(x), int(y)),
-                             cluster.gpu_node[x] == cluster.gpu_node[y], cluster) for x, y in zip(src, dst))
+                             cluster.gpu_domain[x] == cluster.gpu_domain[y], cluster) for x, y in zip(src, dst))
 
 
 def island_tables(instance, config: Config, islands: list[Island], layer_counts: bool = True) -> list[IslandTable]:

@@ -38,7 +38,7 @@ class _Builder:
         self.cluster = instance.cluster
         self.prog = Program(config=config, classes=instance.cluster.uniform_classes())
         self.template = Placement.of(config, (1,) * config.pp, range(self._world()))
-        self.class_node = [int(self.cluster.gpu_node[cls[0]]) for cls in self.prog.classes]
+        self.class_node = [int(self.cluster.gpu_domain[cls[0]]) for cls in self.prog.classes]
         bws = set()
         for u, cls in enumerate(self.prog.classes):
             for v, other in enumerate(self.prog.classes):

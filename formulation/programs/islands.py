@@ -6,7 +6,8 @@ island here is a set of nodes such that
 
 - every node has the same GPU type, the same GPU count and the same intra-node bandwidth matrix, and
 - the inter-node bandwidth is one figure inside the island and one figure between any two islands
-  (the node partition is refined until every block of the node matrix is constant).
+  (the node partition is refined until every block of the node matrix is constant), and
+- the nodes of an NVLink domain (a rack of trays, `cluster.nvlink_domains`) are in no island with other nodes.
 
 Then every stage-sized block ("slot") of an island sees the same links, so a stage's time and memory depend
 only on its island, its position in the pipeline and its layer count: that is what makes the composition
@@ -52,7 +53,7 @@ def find_islands(cluster) -> list[Island]:
     start: dict[tuple, list[int]] = {}
     for i, node in enumerate(cluster.nodes):
         key = ("alone", i) if i in touched else (node.gpu_type, node.num_gpus,
-                                                  np.asarray(cluster.intra_gb_per_s[i]).tobytes())
+                                                  np.asarray(cluster.intra_gb_per_s[i]).tobytes(), _rack(cluster, i))
         start.setdefault(key, []).append(i)
     classes = sorted(start.values(), key=min)
     while True:
@@ -70,6 +71,13 @@ def find_islands(cluster) -> list[Island]:
                           uniform_intra=bool(off.size == 0 or off.min() == off.max()),
                           intra_gb_per_s=float(off.min()) if off.size else float("inf"), inter_gb_per_s=inter))
     return out
+
+
+def _rack(cluster, node: int) -> int | None:
+    """The NVLink domain of a node that shares one with other nodes (None otherwise): a rack starts as an island
+    of its own, so that the refinement never parts one of its trays from the others."""
+    domain = int(cluster.node_domain[node])
+    return domain if int(cluster.domain_gpus[domain]) > cluster.nodes[node].num_gpus else None
 
 
 def _split_once(B: np.ndarray, classes: list[list[int]]) -> list[list[int]] | None:

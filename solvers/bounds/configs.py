@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from formulation.physics import cost
 from formulation.space import Config
 
-from solvers.bounds.parts import (INF, Parts, best_group_time, expert_layer_floor, stage_parts,
-                                  weakest_cuts)
+from solvers.bounds.levels import level_units, weakest_cuts
+from solvers.bounds.parts import INF, Parts, best_group_time, expert_layer_floor, stage_parts
 
 
 def _chain_split(w: Parts, b: Parts, us: list[float], split: set, floor: float, fixed: float,
@@ -187,7 +187,7 @@ def _expert_split(instance, config: Config, caps: list[int] | None, refined: boo
     floors (some stage outside S has one at least that large); and some stage h holds at least ceil(L / pp)
     layers: h in S (the slowest stage then takes at least m x that many slow layers) or h outside S (its
     narrow exposure at that many layers counts). -INF where there is nothing to split."""
-    cap, nodes = max(n.num_gpus for n in instance.cluster.nodes), len(instance.cluster.nodes)
+    nodes, cap = level_units(instance.cluster)
     if config.ep <= 1 or nodes == 1:
         return -INF
     inside = tp_split_bound(instance, config, caps, refined, whole_ep=True) if config.ep <= cap else INF
@@ -218,7 +218,7 @@ def tp_split_bound(instance, config: Config, caps: list[int] | None, refined: bo
     fixed = b.optimizer + b.gpu_type.iteration_overhead_s
     rest = b.chain() + b.dp_floor() + fixed
     P = config.pp
-    if config.tp > b.per_node_cap or len(instance.cluster.nodes) == 1:
+    if config.tp > b.per_node_cap or b.max_nodes == 1:
         return b.pipeline([b.u] * P) + rest  # (ii) is certain, or there are no nodes to span: (B1) as is
     if config.tp == 1:  # (i) is certain
         return _chain_split(b, b, [b.u] * P, set(), b.dp_floor(), fixed) if refined else b.pipeline([b.u] * P) + rest

@@ -1,11 +1,10 @@
-"""The pieces of the lower bounds (solvers/bounds/configs.py): the cluster's link extremes and weakest cuts, the
+"""The pieces of the lower bounds (solvers/bounds/configs.py): the cluster's link levels (solvers/bounds/levels.py), the
 best time of a group over its possible shapes, the least slowest stage under memory caps, and `Parts`,
 one configuration's stage composition at its best shapes and links (formulation/physics/stage.py encoded as numbers).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -18,85 +17,11 @@ from formulation.space import Config, partition_fits, placement_for
 from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
                                        layer_time, mixed_constants, stage_constants)
 
+from solvers.bounds.levels import cluster_extremes, level_units, span_bandwidth
 from solvers.bounds.kinds import KindBounds, dense_saving, kind_parts, kind_unit, least_optimizer_step
 from solvers.bounds.slowest import least_slowest_stage
 
 INF = float("inf")
-
-
-@functools.lru_cache(maxsize=2)
-def node_links(cluster) -> np.ndarray:
-    """N x N: the fastest GPU pair between two nodes (the node figure, or a faster measured GPU pair), -INF on
-    the diagonal. The graph the cut and span bounds reason about. Cached per cluster."""
-    W = np.array(cluster.inter_gb_per_s, dtype=float)
-    for (a, b), value in cluster.gpu_pair_gb_per_s.items():
-        i, j = int(cluster.gpu_node[a]), int(cluster.gpu_node[b])
-        W[i, j] = W[j, i] = max(W[i, j], value)
-    np.fill_diagonal(W, -INF)
-    return W
-
-
-def cluster_extremes(cluster) -> tuple[float, float]:
-    """Fastest intra-node and inter-node GPU-pair bandwidth anywhere in the cluster (INF: no such pair)."""
-    intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for m in cluster.intra_gb_per_s if m.shape[0] > 1),
-                default=INF)
-    inter = float(node_links(cluster).max()) if len(cluster.nodes) > 1 else INF
-    return intra, inter
-
-
-def weakest_cuts(cluster, limit: int = 3) -> list[tuple[float, int]]:
-    """Cuts of the nodes with no GPU pair across faster than a bandwidth: (bandwidth, GPUs on one side).
-
-    Every edge of a maximum spanning tree of the node graph (edge = fastest GPU pair between two nodes)
-    defines one: removing it splits the tree, and no link across is faster than the edge (else the tree
-    would not be maximum). The `limit` weakest edges give the strongest cuts. Prim, O(N^2); [] for one node.
-    """
-    n = len(cluster.nodes)
-    if n < 2:
-        return []
-    W = node_links(cluster)
-    in_tree = np.zeros(n, dtype=bool)
-    in_tree[0] = True
-    reach, via = W[0].copy(), np.zeros(n, dtype=int)
-    edges = []
-    for _ in range(n - 1):
-        reach[in_tree] = -INF
-        j = int(np.argmax(reach))
-        edges.append((float(reach[j]), int(via[j]), j))
-        in_tree[j] = True
-        closer = W[j] > reach
-        reach[closer], via[closer] = W[j][closer], j
-    children: dict[int, list[int]] = {}
-    for _, parent, child in edges:
-        children.setdefault(parent, []).append(child)
-    gpus = [node.num_gpus for node in cluster.nodes]
-    cuts = []
-    for weight, _, child in sorted(edges)[:limit]:
-        side, stack = 0, [child]  # the subtree below the edge
-        while stack:
-            v = stack.pop()
-            side += gpus[v]
-            stack.extend(children.get(v, []))
-        cuts.append((weight, side))
-    return cuts
-
-
-@functools.lru_cache(maxsize=4)
-def span_bandwidth(cluster) -> np.ndarray:
-    """ub[N]: no group spanning N nodes has a slowest inter-node pair faster than this (N >= 2).
-
-    In a set S of N nodes, every member v meets the others over at most its (N-1)-th fastest link, so the
-    slowest pair of S is at most min over v in S of that; the best S can do is the N-th largest of these
-    figures over all nodes. Exact for N = all nodes (the slowest pair anywhere). O(n^2 log n), cached."""
-    n = len(cluster.nodes)
-    ub = np.full(n + 1, INF)
-    if n < 2:
-        return ub
-    W = node_links(cluster)
-    rows = -np.sort(-W, axis=1)[:, :n - 1]  # each node's links, fastest first
-    columns = -np.sort(-rows, axis=0)  # per rank of link, nodes fastest first
-    ub[2:] = columns[np.arange(1, n), np.arange(0, n - 1)]
-    return ub
 
 
 def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, per_node_cap: int,
@@ -347,7 +272,7 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     p = placement_for(config, even_split(model.num_layers, config.pp), range(cluster.num_gpus))
     gpu_type = min(cluster.gpu_types.values(), key=lambda g: cost.layer_compute(model, job, p, g).forward)
     intra, inter = cluster_extremes(cluster)
-    max_nodes, cap = len(cluster.nodes), max(n.num_gpus for n in cluster.nodes)
+    max_nodes, cap = level_units(cluster)
     first = stage_constants(instance, p, 0, gpu_type)
     last = stage_constants(instance, p, config.pp - 1, gpu_type)
     w_bytes, g_bytes, _ = job.bytes_per_param_state

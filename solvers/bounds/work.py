@@ -24,7 +24,8 @@ from formulation.physics import layer_kinds
 from formulation.physics.stage import stage_constants
 from formulation.space import Config, placement_for
 
-from solvers.bounds.parts import cluster_extremes, expert_layer_floor, span_bandwidth
+from solvers.bounds.levels import cluster_extremes, level_units, span_bandwidth
+from solvers.bounds.parts import expert_layer_floor
 
 # Rounding guard: the bound is compared with evaluator times computed in another order of additions.
 _SAFETY = 1 - 1e-9
@@ -49,8 +50,8 @@ class WorkBound:
             # the last stage's constants carry the output layer; per-layer terms are the same on every stage
             ks = [stage_constants(inst, p, config.pp - 1, g) for g in inst.cluster.gpu_types.values()]
             cluster = inst.cluster
-            experts = expert_layer_floor(inst, p, *cluster_extremes(cluster), len(cluster.nodes),
-                                         max(n.num_gpus for n in cluster.nodes), span_bandwidth(cluster))
+            experts = expert_layer_floor(inst, p, *cluster_extremes(cluster), *level_units(cluster),
+                                         span_bandwidth(cluster))
             if layer_kinds.is_mixed(inst.model):  # (E1) each kind's layers at their own cost
                 layers = self._mixed_layers(p, experts)
             else:

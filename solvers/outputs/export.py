@@ -13,6 +13,7 @@ from pathlib import Path
 from formulation.inputs.job import DEFAULT_RECOMPUTE_MODULES
 from formulation.placement import Placement
 from solvers.outputs.files import write_json_atomic, write_text_atomic
+from solvers.outputs.racks import check_domains, layout_lines, rack_environment, slurm_rack_lines
 from solvers.outputs.model_arguments import model_arguments, moe_arguments, vocab_padding  # noqa: F401 (re-export)
 from solvers.outputs.report import comment_lines
 from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_toml
@@ -159,6 +160,9 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
         notes.append("the MoE all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute) runs "
                      "with CUDA_DEVICE_MAX_CONNECTIONS=32 and 24 SMs kept from the layernorm kernels, as the Megatron "
                      "MoE Model Zoo launches it")
+    rack_env, rack_notes = rack_environment(instance, p)
+    env.update(rack_env)
+    notes += rack_notes
     return args + moe_arguments(model, job, p), notes, env
 
 
@@ -182,7 +186,9 @@ def precision_arguments(job) -> list[tuple[str, object]]:
     """bf16 or fp16; FP8 is a bf16 run with Transformer Engine's FP8 GEMMs, with NeMo's FP8 recipe
     (bf16_with_fp8_mixed), and FP8 weights where the memory model keeps them (formulation/physics/memory.py (M6))."""
     args: list[tuple[str, object]] = [("--fp16" if job.precision == "fp16" else "--bf16", None)]
-    if job.precision == "fp8":
+    if job.precision == "fp8" and job.fp8_recipe == "mxfp8":  # E4M3 everywhere, TE's MXFP8BlockScaling default
+        args += [("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")]
+    elif job.precision == "fp8":
         args += [("--fp8-format", "hybrid"), ("--fp8-amax-history-len", 1024), ("--fp8-amax-compute-algo", "max")]
         if job.fp8_weights:
             args.append(("--fp8-param-gather", None))
@@ -237,13 +243,19 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
 
     p, out = plan.placement, Path(out_dir)
     files: dict[str, str] = {"megatron_args.sh": megatron_args_script(instance, plan)}
-    hostfile, slurm_script = slurm_files(slurm_launch(instance, p), p, instance.training.framework)
-    check_groups(instance, p, parse_slurm_files(hostfile, slurm_script))
+    slurm = slurm_launch(instance, p)
+    racks = slurm_rack_lines(instance.cluster, list(dict.fromkeys(slurm.hostfile)))
+    hostfile, slurm_script = slurm_files(slurm, p, instance.training.framework, racks)
+    launched = parse_slurm_files(hostfile, slurm_script)
+    check_groups(instance, p, launched)
+    check_domains(instance, p, launched.realise(instance.cluster), "slurm")
     files["launch_slurm.sh"], files["hostfile"] = slurm_script, hostfile
     torchrun = torchrun_launch(instance, p)
     if torchrun is not None:
         files["launch_torchrun.sh"] = torchrun_script(torchrun, p, instance.training.framework)
-        check_groups(instance, p, parse_torchrun_script(files["launch_torchrun.sh"]))
+        launched_torchrun = parse_torchrun_script(files["launch_torchrun.sh"])
+        check_groups(instance, p, launched_torchrun)
+        check_domains(instance, p, launched_torchrun.realise(instance.cluster), "torchrun")
     files["torchtitan_args.sh"] = torchtitan_args_script(instance, plan)
     files["torchtitan-0.2.toml"] = torchtitan_toml(instance, plan)
     written: dict[str, Path] = {}
@@ -264,6 +276,10 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
               + (" and its expert groups (ep, expert tp, expert dp, tp-ep)" if p.ep * p.etp > 1 else "")
               + " rebuilt from " + ("both launch routes" if torchrun is not None else "the Slurm route")
               + " equal the plan's groups.", ""]
+    if instance.cluster.has_domains:
+        readme += ["Rack self-check passed: every tp, cp and ep group the plan keeps inside one NVLink domain lies "
+                   "inside one in " + ("both launch routes" if torchrun is not None else "the Slurm route") + ".",
+                   *layout_lines(instance.cluster, p), ""]
     if torchrun is None:
         readme += ["No launch_torchrun.sh: some node hosts ranks that are not one contiguous block of equal size, "
                    "which torchrun cannot express; use launch_slurm.sh.", ""]

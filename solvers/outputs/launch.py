@@ -191,8 +191,10 @@ def torchrun_script(launch: TorchrunLaunch, p: Placement, framework: str | None 
     return "\n".join(lines) + "\n"
 
 
-def slurm_files(launch: SlurmLaunch, p: Placement, framework: str | None = None) -> tuple[str, str]:
-    """(hostfile, launch_slurm.sh)."""
+def slurm_files(launch: SlurmLaunch, p: Placement, framework: str | None = None,
+                rack_lines: tuple[str, ...] | list[str] = ()) -> tuple[str, str]:
+    """(hostfile, launch_slurm.sh); `rack_lines`: the NVLink domains' #SBATCH and comment lines
+    (solvers/outputs/racks.py)."""
     hosts = list(dict.fromkeys(launch.hostfile))
     gpus = f"--gpus-per-node={launch.gpus_per_node}"
     lines = ["#!/usr/bin/env bash",
@@ -201,6 +203,7 @@ def slurm_files(launch: SlurmLaunch, p: Placement, framework: str | None = None)
              f"#SBATCH --ntasks={len(launch.hostfile)}",
              f"#SBATCH {gpus}",
              "#SBATCH --exclusive",
+             *rack_lines,
              "# Slurm route: expresses any rank order. srun starts one task per rank and places task r on line r",
              "# of ./hostfile (SLURM_HOSTFILE, --distribution=arbitrary); each task then takes LOCAL_RANK from the",
              "# table below and its node's CUDA_VISIBLE_DEVICES permutation, so it drives the plan's GPU. The job",

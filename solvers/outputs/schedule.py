@@ -54,7 +54,7 @@ def wrap_time(instance, p) -> float:
     job, cluster = instance.training, instance.cluster
     sp = job.sequence_parallel_size(p.tp)
     message = cost.activation_message_bytes(instance.model, job, p) / sp
-    return max(cost.p2p_time(message, cluster.bandwidth(int(a), int(b)), cluster.gpu_node[a] == cluster.gpu_node[b],
+    return max(cost.p2p_time(message, cluster.bandwidth(int(a), int(b)), cluster.gpu_domain[a] == cluster.gpu_domain[b],
                              cluster) for a, b in zip(p.stage_gpus(p.pp - 1), p.stage_gpus(0)))
 
 
