@@ -122,7 +122,7 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
                                maximum=MAX_LATENCY_US) * 1e-6
     intra_fabric = net.string("intra_node_fabric", default="nvlink", choices=sorted(fabrics()["intra"]))
     inter_fabric = net.string("inter_node_fabric", default="infiniband", choices=sorted(fabrics()["inter"]))
-    fits = measured.nccl_level_fits(net, nodes, base_dir)
+    fits = measured.nccl_level_fits(net, nodes, base_dir, fabrics()["intra"][intra_fabric]["nccl_hw"])
     intra_latency = intra_latency if fits.intra_latency_s is None else fits.intra_latency_s
     inter_latency = inter_latency if fits.inter_latency_s is None else fits.inter_latency_s
     index = {n.name: i for i, n in enumerate(nodes)}

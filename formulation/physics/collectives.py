@@ -170,3 +170,29 @@ def chosen_option(kind: str, message_bytes: float, links, cluster, factor: float
     a, p = min(_options(kind, links.nodes, intra_hw),
                key=lambda o: option_time(*o, kind, message_bytes, factor, ref, cluster, efficiency, intra_hw))
     return a, PROTOCOLS[p]
+
+
+def latency_figure_us(collective: str, n: int, nodes: int, per_node: int, alpha_us: float, level: str,
+                      intra_hw: str = "nvlink", intra_us: float | None = None) -> float:
+    """The `level`'s latency figure (us, `intra_node_latency_us` / `inter_node_latency_us`) at which NCCL's model
+    gives an nccl-tests log's collective (n ranks on `nodes` nodes, `per_node` each) its fitted zero-size time
+    `alpha_us`, the intra-node figure at `intra_us` (default 5) when solving for the inter-node one: the least
+    option's latency is increasing in the figure, so a bisection over its scale finds it
+    (formulation/inputs/ingest/network.py)."""
+    import types
+
+    default_us = 1e6 * (DEFAULT_INTRA_LATENCY_S if level == "intra" else DEFAULT_INTER_LATENCY_S)
+
+    def alpha_at(scale: float) -> float:
+        figures = {"intra_latency_s": DEFAULT_INTRA_LATENCY_S if intra_us is None else intra_us * 1e-6,
+                   "inter_latency_s": DEFAULT_INTER_LATENCY_S}
+        figures[f"{level}_latency_s"] = default_us * 1e-6 * scale
+        stub = types.SimpleNamespace(**figures)
+        return 1e6 * min(option_latency_s(a, p, collective, n, nodes, per_node, stub, intra_hw)
+                         for a, p in _options(collective, nodes, intra_hw))
+
+    lo, hi = -10.0, 10.0  # log2 of the scale
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if alpha_at(2 ** mid) < alpha_us else (lo, mid)
+    return default_us * 2 ** ((lo + hi) / 2)
