@@ -201,3 +201,20 @@ def test_the_report_names_the_least_exposed_of_the_tied_plans():
     alone = types.SimpleNamespace(placement=p1, estimate=e1, alternatives=[(p3, e3)])
     assert "#1 itself" in least_exposed_line(instance, alone)
     assert least_exposed_line(instance, types.SimpleNamespace(placement=p1, estimate=e1, alternatives=[])) == ""
+
+
+def test_a_plan_on_a_fabric_no_published_run_names_gets_the_new_setup_interval():
+    """Issue 41 part 1 meets part 4: the published runs name no fabric and are read as InfiniBand, so a cluster that
+    names EFA (or RoCE, Omni-Path) is a setup without measured runs: its estimate says so and takes the wider band;
+    the same cluster named InfiniBand NDR (an alias) does not."""
+    efa = instance_from_dict({**_dict(), "cluster": {**_dict()["cluster"], "network": {
+        "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "inter_node_fabric": "efa"}}})
+    ndr = instance_from_dict({**_dict(), "cluster": {**_dict()["cluster"], "network": {
+        "intra_node_gb_per_s": 450, "inter_node_gb_per_s": 50, "inter_node_fabric": "infiniband-ndr"}}})
+    p = default_placement(efa, tp=8, pp=1, cp=1, micro_batch_size=1, recompute="full", zero_stage=1)
+    on_efa, on_ib = evaluate(efa, p, check=False), evaluate(ndr, p, check=False)
+    assert any("on efa" in gap for gap in on_efa.interval_gaps)
+    assert not any("on infiniband" in gap for gap in on_ib.interval_gaps)
+    lo_e, hi_e = on_efa.iteration_time_interval_s
+    lo_i, hi_i = on_ib.iteration_time_interval_s
+    assert (hi_e - lo_e) / on_efa.iteration_time_s > (hi_i - lo_i) / on_ib.iteration_time_s
