@@ -34,6 +34,7 @@ import numpy as np
 
 from formulation.data import DATA_DIR
 from formulation.inputs.job import PYTORCH_STACKS
+from formulation.physics.collectives import fabrics
 from formulation.physics.cost import fp8_gemms
 
 INTERVALS_PATH = DATA_DIR / "intervals.json"
@@ -42,8 +43,8 @@ FP8, SIXTEEN_BIT = "fp8", "16-bit"
 PROFILED, NEW_SETUP, UNPROFILED = "profiled", "new-setup", "unprofiled-stack"
 MIN_GROUP_RUNS = 20
 # A fabric counts as measured for a stack when one of its runs had the same intra-node link class and an
-# inter-node bandwidth per GPU within this factor (the instance does not name its fabric: InfiniBand, RoCE, EFA or
-# Omni-Path at one bandwidth look alike to the model)
+# inter-node bandwidth per GPU within this factor; a fabric kind other than InfiniBand (network.inter_node_fabric)
+# has no measured run, since the published runs name none and are read as InfiniBand
 FABRIC_FACTOR = 2.0
 NVLINK_MIN_GB_PER_S = 100.0  # below: GPUs that talk over PCIe inside a node
 SMALL_MODEL_PARAMS = 10e9
@@ -131,6 +132,10 @@ def evidence(job, model, cluster, gpu_type, p) -> tuple[str, tuple[str, ...]]:
     if not fabric_covered(mine, seen["fabrics"]):
         across = "one node" if mine[1] is None else f"{mine[1]:g} GB/s per GPU between nodes"
         gaps.append(f"no measured run of {stack} on {mine[0]} with {across}")
+    kind = getattr(cluster, "inter_fabric", "infiniband")
+    if len(cluster.nodes) > 1 and fabrics()["inter"][kind] is not fabrics()["inter"]["infiniband"]:
+        # the published runs name no fabric and are read as InfiniBand (the default): another named fabric has none
+        gaps.append(f"no measured run of {stack} on {kind} (the published runs are read as InfiniBand)")
     gaps += [f"no measured run of {stack} with {r}" for r in regimes(job, model, gpu_type, p) if r not in seen["regimes"]]
     return (f"{NEW_SETUP}+{group}", tuple(gaps)) if gaps else (group, ())
 

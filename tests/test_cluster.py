@@ -141,8 +141,10 @@ def links(c, names):
 @pytest.fixture
 def line_rate(monkeypatch):
     """The ring formula at the links' own speed: NCCL's share of a nominal speed (collective_efficiency) is a
-    separate factor, checked against nccl-tests in tests/test_physics.py."""
+    separate factor, checked against nccl-tests in tests/test_physics.py. The one-ring latency of (C5), alpha per
+    ring step: NCCL's tuning model (`nccl_algorithms`) is checked in tests/test_collectives.py."""
     monkeypatch.setitem(cost.PHYSICS_TERMS, "collective_efficiency", False)
+    monkeypatch.setitem(cost.PHYSICS_TERMS, "nccl_algorithms", False)
 
 
 def test_ring_all_reduce_inside_one_node(line_rate):

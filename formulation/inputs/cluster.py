@@ -62,6 +62,8 @@ class Cluster:
     # NVLink domains: the domain of every node (consecutive runs, numbered in order); None: each node its own
     domain_of_node: tuple[int, ...] | None = None
     domain_names: tuple[str, ...] = ()
+    intra_fabric: str = "nvlink"  # fabric kinds (formulation/data/fabrics.json): NCCL's share of a nominal speed
+    inter_fabric: str = "infiniband"
 
     def __post_init__(self) -> None:
         # One semantics for one-way measurements (docs/links.md): a GPU pair runs at the slower of its two
@@ -78,6 +80,17 @@ class Cluster:
         object.__setattr__(self, "intra_gb_per_s", intra)
         object.__setattr__(self, "inter_gb_per_s", inter)
         object.__setattr__(self, "gpu_pair_gb_per_s", pairs)
+
+    @cached_property
+    def fastest_links(self) -> tuple[float, float]:
+        """(fastest intra-node pair, fastest inter-node pair) GB/s, inf where the level has no pair: the links at
+        which NCCL's choice of algorithm is made (formulation/physics/collectives.py)."""
+        intra = [float(m[~np.eye(len(m), dtype=bool)].max()) for m in self.intra_gb_per_s if len(m) > 1]
+        inter = self.inter_gb_per_s[~np.eye(len(self.nodes), dtype=bool)] if len(self.nodes) > 1 else np.array([])
+        finite = inter[np.isfinite(inter)]
+        pairs = [v for v in self.gpu_pair_gb_per_s.values() if np.isfinite(v)]
+        return (max(intra, default=np.inf),
+                float(max(finite.max(), max(pairs, default=0.0))) if finite.size else max(pairs, default=np.inf))
 
     @cached_property
     def gpu_node(self) -> np.ndarray:

@@ -13,6 +13,7 @@ from formulation.inputs.cluster import MAX_GPUS, MAX_GPUS_PER_DOMAIN, MAX_GPUS_P
 from formulation.inputs.domains import apply_domains, load_domains
 from formulation.inputs.gpus import gpu_type_from_dict
 from formulation.inputs.ingest import network as measured
+from formulation.physics.collectives import fabrics
 
 
 def load_cluster_section(data: dict, file: str, software_stack: str = "megatron",
@@ -122,7 +123,9 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
                                maximum=MAX_LATENCY_US) * 1e-6
     inter_latency = net.number("inter_node_latency_us", default=15.0, positive=False, minimum=0.0,
                                maximum=MAX_LATENCY_US) * 1e-6
-    fits = measured.nccl_level_fits(net, nodes, base_dir)
+    intra_fabric = net.string("intra_node_fabric", default="nvlink", choices=sorted(fabrics()["intra"]))
+    inter_fabric = net.string("inter_node_fabric", default="infiniband", choices=sorted(fabrics()["inter"]))
+    fits = measured.nccl_level_fits(net, nodes, base_dir, fabrics()["intra"][intra_fabric]["nccl_hw"])
     intra_latency = intra_latency if fits.intra_latency_s is None else fits.intra_latency_s
     inter_latency = inter_latency if fits.inter_latency_s is None else fits.inter_latency_s
     index = {n.name: i for i, n in enumerate(nodes)}
@@ -149,7 +152,8 @@ def _load_network(net: Section, nodes: tuple[Node, ...], gpu_types: dict, base_d
                    gpu_pair_gb_per_s=pairs, intra_latency_s=intra_latency, inter_latency_s=inter_latency,
                    nominal_levels=(all(v is None for v in fits.intra_gb_per_s),
                                    all(v is None for v in fits.inter_gb_per_s)),
-                   domain_of_node=domain_of_node, domain_names=domain_names)
+                   domain_of_node=domain_of_node, domain_names=domain_names,
+                   intra_fabric=intra_fabric, inter_fabric=inter_fabric)
 
 
 def _per_node_figures(net: Section, index: dict[str, int], intra: list[np.ndarray]) -> np.ndarray:

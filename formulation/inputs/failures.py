@@ -117,10 +117,17 @@ class Survivors:
         inter = cluster.inter_gb_per_s[np.ix_(node_ids, node_ids)].copy()
         pairs = {(new_index[a], new_index[b]): v for (a, b), v in cluster.gpu_pair_gb_per_s.items()
                  if a in new_index and b in new_index}
-        sub = Cluster(gpu_types=cluster.gpu_types,
-                      nodes=tuple(Node(cluster.nodes[n].name, cluster.nodes[n].gpu_type, len(l))
-                                  for n, l in zip(node_ids, nodes)),
-                      intra_gb_per_s=tuple(intra), inter_gb_per_s=inter, gpu_pair_gb_per_s=pairs,
-                      intra_latency_s=cluster.intra_latency_s, inter_latency_s=cluster.inter_latency_s,
-                      nominal_levels=cluster.nominal_levels)
+        # every other field (latencies, fabrics, ...) as the cluster has it; NVLink domains renumbered in the
+        # survivors' order (a domain is a set of nodes, so a survivor keeps its rack-mates at the domain's figure)
+        domains = None
+        if cluster.domain_of_node is not None:
+            renumber: dict[int, int] = {}
+            domains = tuple(renumber.setdefault(cluster.domain_of_node[n], len(renumber)) for n in node_ids)
+        sub = dataclasses.replace(
+            cluster, nodes=tuple(Node(cluster.nodes[n].name, cluster.nodes[n].gpu_type, len(l))
+                                 for n, l in zip(node_ids, nodes)),
+            intra_gb_per_s=tuple(intra), inter_gb_per_s=inter, gpu_pair_gb_per_s=pairs, domain_of_node=domains,
+            domain_names=tuple(cluster.domain_names[d] for d in dict.fromkeys(cluster.domain_of_node[n]
+                                                                              for n in node_ids))
+            if domains is not None and cluster.domain_names else cluster.domain_names)
         return dataclasses.replace(self.instance, cluster=sub), np.asarray(gpus, dtype=np.int64)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from formulation.inputs.job import PYTORCH_STACKS
+from formulation.physics import collectives
 
 # Fraction of the message each GPU moves (nccl-tests: busbw = algbw x this factor).
 COLLECTIVE_FACTOR = {
@@ -36,6 +37,9 @@ PHYSICS_TERMS = {
     "collective_efficiency": True,
     # NCCL's ring crosses nodes on every NIC while NVLink carries the rest: levels at once, not one after the other
     "rail_ring": True,
+    # NCCL's tuning model (docs/collectives.md): ring and tree, LL / LL128 / Simple, latencies growing with the ranks
+    # and nodes, the least-time choice; off: one ring at alpha per step (k - 1 intra-, N - 1 inter-node steps)
+    "nccl_algorithms": True,
     # PyTorch FSDP's BACKWARD_POST prefetch (fsdp_backward_prefetch: post, llm-foundry) exposes the backward's
     # gathers and reduce-scatters (C12); off: read as "pre"
     "fsdp_post_prefetch": True,
@@ -76,10 +80,8 @@ def dp_overlap_exposed() -> tuple[int, int]:
     """(numerator, denominator) of the share of an overlapped dp collective left exposed: the same contention
     share as tp's (the collective's kernels take SMs and HBM bandwidth from the compute that hides it)."""
     return TP_OVERLAP_EXPOSED if term("imperfect_dp_overlap") else (0, 1)
-# Fraction of a nominal link speed NCCL's bus bandwidth reaches for large messages (public nccl-tests figures,
-# docs/physics.md): inside a node, DGX H100 all-reduce about 370 GB/s of NVLink4's 450 (0.82) and DGX A100 about
-# 230-240 of NVLink3's 300 (0.78); between nodes NDR 400G about 46-48 GB/s of 50 and HDR 200G about 23-24 of 25.
-NCCL_LINE_RATE_FRACTION = {"intra": 0.8, "inter": 0.94}
+# Fraction of a nominal link speed NCCL's bus bandwidth reaches for large messages: per fabric kind in
+# formulation/data/fabrics.json (public nccl-tests figures, docs/collectives.md); NVLink 0.8, InfiniBand 0.94.
 
 
 def term(name: str) -> bool:
@@ -102,8 +104,11 @@ def group_links(cluster, gpus) -> GroupLinks:
     return GroupLinks(len(gpus), intra, inter, nodes, per_node)
 
 
-def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster) -> float:
-    """(C5) Ring collective over a group of n GPUs on N nodes with at least k members per node, each level at
+def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster, least: bool = False) -> float:
+    """(C5) A collective over a group of n GPUs on N nodes with at least k members per node. With
+    `nccl_algorithms` (docs/collectives.md (C5a)-(C5d)) NCCL's choice among ring and tree and its protocols, each
+    costed by NCCL's tuning model over the rail ring's level parts below (`least`: the least option at `links`, a
+    lower envelope for the bounds). Otherwise: ring collective over a group of n GPUs on N nodes with at least k members per node, each level at
     its slowest pair. Latency: ring steps x per-step alpha of each level (k - 1 intra-node, N - 1 inter-node
     steps for a gather; twice that for an all-reduce). One node: factor(n) S / B_intra.
 
@@ -121,6 +126,9 @@ def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster)
     if n <= 1 or message_bytes <= 0:
         return 0.0
     factor, steps = COLLECTIVE_FACTOR[kind], COLLECTIVE_STEPS[kind]
+    if term("nccl_algorithms") and levels_concurrent():
+        return collectives.nccl_time(kind, message_bytes, links, cluster, factor(n), collective_efficiency(cluster),
+                                     least)
     intra_eff, inter_eff = collective_efficiency(cluster)
     k, N = links.per_node, links.nodes
     if N == 1:
@@ -143,12 +151,14 @@ def levels_concurrent() -> bool:
 
 def collective_efficiency(cluster) -> tuple[float, float]:
     """(intra, inter) fraction of the cluster's link figures a collective reaches: NCCL's measured share of line
-    rate where a level was given as a nominal speed, 1 where it was measured (nccl-tests logs)."""
+    rate on the level's fabric (formulation/data/fabrics.json) where a level was given as a nominal speed, 1 where
+    it was measured (nccl-tests logs)."""
     if not term("collective_efficiency"):
         return 1.0, 1.0
     nominal = getattr(cluster, "nominal_levels", (True, True))
-    return (NCCL_LINE_RATE_FRACTION["intra"] if nominal[0] else 1.0,
-            NCCL_LINE_RATE_FRACTION["inter"] if nominal[1] else 1.0)
+    intra = collectives.line_rate_fraction("intra", getattr(cluster, "intra_fabric", "nvlink"))
+    inter = collectives.line_rate_fraction("inter", getattr(cluster, "inter_fabric", "infiniband"))
+    return intra if nominal[0] else 1.0, inter if nominal[1] else 1.0
 
 
 def p2p_time(message_bytes: float, gb_per_s: float, same_node: bool, cluster) -> float:

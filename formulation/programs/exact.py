@@ -278,8 +278,9 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
                 lam = prog.layers[(i, q)]
                 message = dp_sync_parts(b.inst, b.template, k, q)[part][1]
                 for (N, kk), sigma in g.shape.items():
+                    # NCCL's choice (and so the latency) depends on the message: selected with lambda too
                     base = cost.collective_time(kind, message, GroupLinks(n, INF, INF, N, kk), cluster)
-                    prog.add({lat: 1, sigma: -b.t(base)}, ">=", 0, "P9 dp latency")
+                    prog.add({lat: 1, sigma: -b.t(base), lam: -b.t(base)}, ">=", -b.t(base), "P9 dp latency")
                     for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
                         for level, zeta in table.items():
                             bw = b.levels[level]

@@ -96,8 +96,8 @@ def expert_sync_time(b, i: int, groups: list, kind: str, qs: list[int], name: st
                 if silent and base > 0:  # lat >= base (sigma + sum of the mixes with experts - 1)
                     prog.add({lat: 1, sigma: -b.t(base), **{v: -b.t(base) for v in carrying}}, ">=", -b.t(base),
                              "P15 edp latency")
-                else:
-                    prog.add({lat: 1, sigma: -b.t(base)}, ">=", 0, "P15 edp latency")
+                else:  # NCCL's choice (and so the latency) depends on the message: selected with lambda too
+                    prog.add({lat: 1, sigma: -b.t(base), lam: -b.t(base)}, ">=", -b.t(base), "P15 edp latency")
                 for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
                     for level, zeta in table.items():
                         bw = b.levels[level]

@@ -198,8 +198,8 @@ class Parts(KindBounds):
     def _least(self, kind: str, message: float, n: int, inter: float, min_nodes: int, cap: int) -> float:
         key = (kind, message, n, inter, min_nodes, cap)
         if key not in self._group_times:
-            def one(lk):
-                return cost.collective_time(kind, message, lk, self.instance.cluster)
+            def one(lk):  # the least option at these links: concave in the message (dp_floor)
+                return cost.collective_time(kind, message, lk, self.instance.cluster, least=True)
 
             self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes,
                                                      self.span)

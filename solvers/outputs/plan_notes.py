@@ -50,6 +50,50 @@ def tie_note(best: Estimate, other: Estimate) -> str:
             f"{mine[0]:.3f}-{mine[1]:.3f} s); it differs by {reasons or 'nothing on the critical path'}")
 
 
+# Critical-path parts that are communication: what an error in the network figures moves (docs/collectives.md).
+COMMUNICATION_PARTS = ("tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "ep_comm_s")
+
+
+def exposed_communication_s(estimate: Estimate) -> float:
+    """Seconds of an iteration's critical path spent in communication not hidden by compute."""
+    return sum(estimate.breakdown.get(part, 0.0) for part in COMMUNICATION_PARTS)
+
+
+def network_basis(instance) -> str:
+    """Whether the inter-node figures were measured (nccl-tests logs) or are a fabric's nominal speed, and on what
+    the fabric's share of line rate rests (formulation/data/fabrics.json)."""
+    from formulation.physics.collectives import fabrics
+    cluster = instance.cluster
+    if len(cluster.nodes) > 1 and not cluster.nominal_levels[1]:
+        return "inter-node figures measured (nccl-tests)"
+    entry = fabrics()["inter"][cluster.inter_fabric]
+    basis = "published nccl-tests figures" if entry["basis"] == "measured" else "no published figure, assumed"
+    return (f"inter-node figures nominal on {cluster.inter_fabric} (share of line rate "
+            f"{entry['line_rate_fraction']:g}: {basis})")
+
+
+def least_exposed_line(instance, result) -> str:
+    """Among #1 and the runners-up tied with it (`tie_note`), the plan least exposed to the terms the model knows
+    least: the one with the least exposed communication on its critical path (an error in the network figures,
+    NCCL's efficiency at scale or the overlap shares moves it least); #1 on equal exposure. A report-level choice:
+    the objective stays the predicted time. "" without ties."""
+    ties = [(rank, p, e) for rank, (p, e) in enumerate(getattr(result, "alternatives", []), start=2)
+            if tie_note(result.estimate, e)]
+    if not ties:
+        return ""
+    rank, placement, estimate = min([(1, result.placement, result.estimate)] + ties,
+                                    key=lambda c: (round(exposed_communication_s(c[2]), 4), c[0]))
+    mine = exposed_communication_s(result.estimate)
+    theirs = exposed_communication_s(estimate)
+    basis = network_basis(instance)
+    if rank == 1:
+        return (f"least exposed among the {len(ties) + 1} tied plans: #1 itself (exposed communication {mine:.3f} s, "
+                f"{100 * mine / result.estimate.iteration_time_s:.1f} % of its iteration; {basis})")
+    return (f"least exposed among the {len(ties) + 1} tied plans: #{rank} {placement.describe()}: exposed "
+            f"communication {theirs:.3f} s ({100 * theirs / estimate.iteration_time_s:.1f} % of its iteration) "
+            f"against {mine:.3f} s for #1; {basis}: prefer #{rank} where the network is what you doubt")
+
+
 def solver_lines(result) -> list[str]:
     """The solver's report: method, status, objective, bound, gap, time; its note; a non-time objective."""
     s = result.solver
@@ -142,7 +186,8 @@ def result_lines(instance, result) -> list[str]:
     lines += [f"hint: {hint['note']}" for hint in getattr(result, "hints", [])]
     lines += [f"#{rank}: {e.iteration_time_s:.4f} s  {p.describe()}" + tie_note(result.estimate, e)
               for rank, (p, e) in enumerate(getattr(result, "alternatives", []), start=2)]
-    return lines
+    least = least_exposed_line(instance, result)
+    return lines + ([least] if least else [])
 
 
 def launch_notes(instance, plan) -> list[str]:

@@ -3,7 +3,8 @@
 Keys (paths relative to the instance file's directory):
 - `nccl_tests`: `[{"file", "level": "intra" | "inter", "nodes": [...] (default all), "collective", "ranks",
   "ranks_per_node"}]`. The fit (see `nccl.fit_nccl_log`) replaces that level's nominal bandwidth for the listed
-  nodes, and the level's latency. The cost model charges a latency per ring step and bandwidth per GPU, so:
+  nodes, and the level's latency. With NCCL's tuning model (docs/collectives.md) the latency figure is the one at
+  which that model gives the log's zero-size time (alpha) back; otherwise (one ring at alpha per step):
   intra: bandwidth = fitted busbw, step latency = alpha / steps(n);
   inter (n ranks on N nodes, k per node): a multi-node ring uses the k NICs of a node in parallel, so its busbw
   is k x the per-NIC bandwidth when the NICs are the bottleneck (DGX H100: ~370 GB/s = 8 x ~46), hence
@@ -29,6 +30,8 @@ import numpy as np
 from formulation.errors import InputError, Section
 from formulation.inputs.ingest.nccl import COLLECTIVES, RING_STEPS, LinkFit, fit_nccl_log, parse_nccl_log, sendrecv_bandwidth
 from formulation.inputs.ingest.topo import GENERATIONS, gpu_bandwidth_matrix, is_table_key, parse_topology
+from formulation.physics.collectives import latency_figure_us
+from formulation.physics.cost import term
 
 
 @dataclass
@@ -50,14 +53,24 @@ def _read(parse, sec: Section, key: str = "file"):
         raise sec.error(key, f"{where}: {exc.problem}") from None
 
 
-def level_figures(fit: LinkFit, level: str, ranks_per_node: int | None = None) -> tuple[float, float]:
-    """(GB/s per GPU, latency per ring step in us) of a fitted log (with known collective and ranks) used as the
-    `intra` or `inter` level figure (module docstring); `ranks_per_node` is needed for `inter`."""
+def level_figures(fit: LinkFit, level: str, ranks_per_node: int | None = None,
+                  intra_hw: str = "nvlink", intra_us: float | None = None) -> tuple[float, float]:
+    """(GB/s per GPU, latency figure in us) of a fitted log (with known collective and ranks) used as the `intra`
+    or `inter` level figure (module docstring); `ranks_per_node` is needed for `inter`. With NCCL's tuning model
+    (`nccl_algorithms`) a collective's latency figure is the one at which that model gives the log's own zero-size
+    time back (collectives.latency_figure_us); a sendrecv log's alpha is one step either way."""
     steps = RING_STEPS[fit.collective]
+    nodes = 1 if level == "intra" else fit.n_ranks // ranks_per_node
+    per_node = fit.n_ranks if level == "intra" else ranks_per_node
+    if fit.collective != "sendrecv" and term("nccl_algorithms") and term("rail_ring"):
+        latency = latency_figure_us(fit.collective, fit.n_ranks, nodes, per_node, fit.latency_us, level, intra_hw,
+                                    intra_us)
+    else:
+        latency = fit.latency_us / steps(fit.n_ranks if level == "intra" else nodes)
     if level == "intra":
-        return fit.gb_per_s, fit.latency_us / steps(fit.n_ranks)
+        return fit.gb_per_s, latency
     per_nic = fit.gb_per_s if fit.collective == "sendrecv" else fit.gb_per_s / ranks_per_node
-    return per_nic, fit.latency_us / steps(fit.n_ranks // ranks_per_node)
+    return per_nic, latency
 
 
 def _node_list(sec: Section, index: dict[str, int]) -> list[int]:
@@ -70,11 +83,13 @@ def _node_list(sec: Section, index: dict[str, int]) -> list[int]:
     return [index[name] for name in names]
 
 
-def nccl_level_fits(net: Section, nodes, base_dir: Path) -> LevelFits:
-    """`nccl_tests` entries -> per-node level bandwidths and level latencies (module docstring)."""
+def nccl_level_fits(net: Section, nodes, base_dir: Path, intra_hw: str = "nvlink") -> LevelFits:
+    """`nccl_tests` entries -> per-node level bandwidths and level latencies (module docstring); `intra_hw`: NCCL's
+    hardware class of the nodes' fabric (collectives.fabrics)."""
     index = {node.name: i for i, node in enumerate(nodes)}
     fits = LevelFits([None] * len(nodes), [None] * len(nodes))
     latencies: dict[str, list[float]] = {"intra": [], "inter": []}
+    logs = []
     for i, item in enumerate(net.items("nccl_tests", default=[], non_empty=False)):
         es = Section(item, net.file, f"cluster.network.nccl_tests[{i}]")
         path = base_dir / es.string("file")
@@ -112,12 +127,17 @@ def nccl_level_fits(net: Section, nodes, base_dir: Path) -> LevelFits:
                 raise es.error("ranks_per_node", f"{path}: the log lists no hosts; give the ranks per node")
             if n % per_node or n // per_node < 2:
                 raise es.error("level", f"{path}: {n} ranks at {per_node} per node do not span several nodes")
-        bandwidth, step_latency = level_figures(fit, level, per_node)
+        logs.append((fit, level, per_node, targets))
+    # intra-node logs first: an inter-node log's latency figure is solved with the intra-node figure they give
+    for fit, level, per_node, targets in sorted(logs, key=lambda entry: entry[1] != "intra"):
+        intra_us = None if fits.intra_latency_s is None else fits.intra_latency_s * 1e6
+        bandwidth, step_latency = level_figures(fit, level, per_node, intra_hw, intra_us)
         level_values = fits.intra_gb_per_s if level == "intra" else fits.inter_gb_per_s
         for node in targets:
             level_values[node] = bandwidth
         latencies[level].append(step_latency * 1e-6)
-    fits.intra_latency_s = max(latencies["intra"], default=None)
+        if level == "intra":
+            fits.intra_latency_s = max(latencies["intra"])
     fits.inter_latency_s = max(latencies["inter"], default=None)
     return fits
 

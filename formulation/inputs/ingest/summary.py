@@ -63,11 +63,12 @@ def _nccl_summary(file: str, text: str) -> str:
         per_node = log.n_ranks // len(hosts)
         gb, step = level_figures(fit, "inter", per_node)
         ranks = f"{per_node} rank{'s' if per_node > 1 else ''} per node"
-        parts.append(f"As an inter-node log ({ranks}) it gives {gb:.1f} GB/s per GPU (NIC) and {step:.1f} us per "
-                     "inter-node ring step.")
+        parts.append(f"As an inter-node log ({ranks}) it gives {gb:.1f} GB/s per GPU (NIC) and an inter-node "
+                     f"latency figure of {step:.1f} us (inter_node_latency_us).")
     elif fit.basis == "busbw":
         gb, step = level_figures(fit, "intra")
-        parts.append(f"As an intra-node log it gives {gb:.1f} GB/s per GPU and {step:.2f} us per ring step.")
+        parts.append(f"As an intra-node log it gives {gb:.1f} GB/s per GPU and an intra-node latency figure of "
+                     f"{step:.2f} us (intra_node_latency_us).")
     return " ".join(parts)
 
 
