@@ -34,6 +34,9 @@ class Config:
     # ranks of a stage (Megatron-Core: etp x ep x expert_dp = tp x cp x dp); 1 and 1 for dense models
     ep: int = field(default=1, kw_only=True)
     etp: int = field(default=1, kw_only=True)
+    # pipeline schedule family (formulation/physics/schedules.py): "1f1b" (1F1B, interleaved with vpp > 1) or
+    # "zero_bubble" (ZB-H1, InterleavedZeroBubble with vpp > 1)
+    schedule: str = field(default="1f1b", kw_only=True)
 
     def sizes(self) -> str:
         """The parallel sizes, the one spelling every table, title and message uses."""
@@ -47,7 +50,18 @@ class Config:
 
     def describe(self) -> str:
         return (f"{self.sizes()} vpp={self.vpp} mbs={self.micro_batch_size} recompute={self.recompute} "
-                f"zero={self.zero_stage}")
+                f"zero={self.zero_stage}{self.schedule_text}")
+
+    @property
+    def schedule_name(self) -> str:
+        """The pipeline schedule by torch.distributed.pipelining's name (1F1B, Interleaved1F1B, ZBH1, ...)."""
+        from formulation.physics.schedules import schedule_name
+        return schedule_name(self.schedule, self.vpp)
+
+    @property
+    def schedule_text(self) -> str:
+        """" schedule=NAME" for a zero-bubble configuration, "" for the 1F1B family (the texts stay as before)."""
+        return f" schedule={self.schedule_name}" if self.schedule != "1f1b" else ""
 
     def config_key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(Config))
@@ -154,7 +168,7 @@ class Placement(Config):
         block = f" recompute_num_layers={self.recompute_num_layers}" if self.recompute_num_layers else ""
         return (f"{self.sizes()} vpp={self.vpp} "
                 f"micro_batch_size={self.micro_batch_size} recompute={self.recompute}{block} "
-                f"zero_stage={self.zero_stage} layers_per_stage={list(self.layers_per_stage)}")
+                f"zero_stage={self.zero_stage}{self.schedule_text} layers_per_stage={list(self.layers_per_stage)}")
 
     def to_dict(self, cluster=None) -> dict:
         out = asdict(self)
@@ -162,6 +176,8 @@ class Placement(Config):
             del out["ep"], out["etp"]
         if not self.recompute_num_layers:  # every layer under its policy: the plans of the search
             del out["recompute_num_layers"]
+        if self.schedule == "1f1b":  # 1F1B plans keep their keys
+            del out["schedule"]
         out["layers_per_stage"] = list(self.layers_per_stage)
         out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
         return out
@@ -239,6 +255,10 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("layers_per_stage", f"sums to {sum(p.layers_per_stage)}, the model has {model.num_layers} layers")
     check_experts(model, p, bad)
     check_block_recompute(model, job, p, bad)
+    if p.schedule not in ("1f1b", "zero_bubble"):
+        bad("schedule", f"expected 1f1b or zero_bubble; got {p.schedule!r}")
+    if p.schedule != "1f1b" and p.pp < 2:
+        bad("schedule", "a zero-bubble schedule needs pp >= 2")
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -305,6 +325,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     ep, etp = sec.integer("ep", default=1), sec.integer("etp", default=1)
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
+    schedule = sec.string("schedule", default="1f1b", choices=("1f1b", "zero_bubble"))
     if sec.has("zero_stage") and sec.data["zero_stage"] is None:  # null is not "leave it out"
         raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got null (leave the field out for the "
                                       "default: 1 with distributed_optimizer true, else 0)")
@@ -341,7 +362,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     sec.done()
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus,
-                          recompute_num_layers=recompute_num_layers)
+                          recompute_num_layers=recompute_num_layers, schedule=schedule)
     check_placement(instance, placement, file)
     return placement
 

@@ -6,6 +6,7 @@ import math
 from typing import Iterator
 
 from formulation.physics import layer_kinds
+from formulation.physics.schedules import allowed_families
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.inputs.frameworks import config_problem
 from formulation.inputs.job import DATA_PARALLEL_ONLY
@@ -63,14 +64,17 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
             # interleaving: some partition into whole chunks of vpp layers per stage must exist
             if vpp > 1 and (pp == 1 or m % pp or model.num_layers % vpp or model.num_layers // vpp < pp):
                 continue
+            # the schedule families the job allows at this vpp (1F1B alone without pipeline parallelism)
+            families = allowed_families(job.pipeline_schedules, vpp) if pp > 1 else ["1f1b"]
             for recompute in job.recompute:
                 for zero in job.zero_stage:
                     if zero >= 3 and model.moe is not None:  # Megatron-Core shards experts with its
                         continue  # distributed optimizer (zero 1), not ZeRO-3
                     for ep, etp in expert_sizes(instance, tp * cp * dp):
-                        config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp)
-                        if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
-                            yield config
+                        for family in families:
+                            config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp, schedule=family)
+                            if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
+                                yield config
 
 
 def expert_sizes(instance, ranks: int) -> list[tuple[int, int]]:

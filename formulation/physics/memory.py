@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, recompute_modules
+from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, recompute_modules, schedules
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
 GIB = float(1 << 30)
@@ -73,23 +73,27 @@ class MemoryCoefficients:
     buffers: tuple[float, float]
 
 
-def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int) -> float:
+def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int,
+                                 schedule: str = "1f1b") -> float:
     """(M5) Layer activations held at the peak, in units of one layer for one micro-batch.
 
     1F1B: stage i holds min(pp - i, m) micro-batches of its layers. Interleaved (vpp = v): Megatron-LM warms
     up (pp - i - 1) * 2 + (v - 1) * pp chunks and keeps one more in flight, each chunk layers / v layers.
+    Zero-bubble schedules: (S4) of docs/schedules.md, chunks held until their weight gradient has run.
     """
+    if schedule != "1f1b":
+        return schedules.in_flight_chunks(schedule, stage, pp, vpp, num_micro_batches) * layers / vpp
     if vpp == 1:
         return min(pp - stage, num_micro_batches) * layers
     chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, num_micro_batches * vpp)
     return chunks * layers / vpp
 
 
-def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int) -> float:
+def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int, schedule: str = "1f1b") -> float:
     """Micro-batches whose first-stage extras (embedding output) are alive at the peak."""
-    if vpp == 1:
+    if vpp == 1 and schedule == "1f1b":
         return min(pp - stage, num_micro_batches)
-    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp) / vpp)
+    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp, schedule) / vpp)
 
 
 def layer_activation_bytes(model, job, p) -> tuple[float, float]:
@@ -222,7 +226,8 @@ def _layer_activations(model, job, p, kind: str) -> tuple[float, float]:
 # reused while the entry lives.
 _COEFFICIENTS: dict = {}
 _COEFFICIENTS_LIMIT = 1 << 16
-_CONFIG_FIELDS = ("tp", "pp", "cp", "dp", "vpp", "micro_batch_size", "recompute", "zero_stage", "ep", "etp")
+_CONFIG_FIELDS = ("tp", "pp", "cp", "dp", "vpp", "micro_batch_size", "recompute", "zero_stage", "ep", "etp",
+                  "schedule")
 
 
 def memory_coefficients(instance, p, stage: int, kind: str | None = None) -> MemoryCoefficients:
@@ -271,10 +276,11 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     seq = job.seq_length / p.cp
     sbh = seq * p.micro_batch_size * model.hidden_size
     sp = job.sequence_parallel_size(p.tp)
-    per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1)
+    schedule = getattr(p, "schedule", "1f1b")
+    per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1, schedule)
     act_fixed = working
     if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input
-        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m) * sbh / sp
+        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m, schedule) * sbh / sp
     buf_fixed = 0.0
     if stage == p.pp - 1:  # final norm and output-layer inputs; the logits and the loss's buffers
         act_fixed += 4 * sbh / sp

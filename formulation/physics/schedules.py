@@ -1,0 +1,69 @@
+"""Pipeline schedules as a decision (docs/schedules.md): which schedule families the planner scores, the name each
+framework gives them, their closed-form time (S1)-(S3) from each stage's forward F, input-gradient backward B and
+weight-gradient backward W, and the activations each keeps in flight (S4).
+
+A configuration's `schedule` is a family: "1f1b" (1F1B, or Megatron's interleaved 1F1B with vpp > 1, as before)
+or "zero_bubble" (ZB-H1 with vpp = 1, torch's InterleavedZeroBubble with vpp > 1: the backward split into B and
+W, W deferred into the bubble). torchtitan's V-shaped ZBVZeroBubble and DualPipeV are simulated
+(formulation/physics/pipeline_sim.py) but not searched: their steady state is no closed form of F, B, W
+(docs/schedules.md says what the simulation shows).
+"""
+
+from __future__ import annotations
+
+from formulation.physics import cost, schedule_orders
+
+FAMILIES = ("1f1b", "zero_bubble")
+# the schedule names torch.distributed.pipelining (torchtitan's parallelism.pipeline_parallel_schedule) uses,
+# by (family, interleaved); ZB-H1 (one chunk per rank) has no torchtitan name: torchtitan runs its multi-stage
+# schedules with at least two stages per rank
+NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B",
+         ("zero_bubble", False): "ZBH1", ("zero_bubble", True): "InterleavedZeroBubble"}
+def schedule_name(family: str, vpp: int) -> str:
+    return NAMES[(family, vpp > 1)]
+
+
+def allowed_families(names, vpp: int) -> list[str]:
+    """The families whose schedule at this vpp is among `names` (training.pipeline_schedules)."""
+    return [f for f in FAMILIES if NAMES[(f, vpp > 1)] in names]
+
+
+def bubble_share(family: str, forward: float, backward_input: float, weight: float, vpp: int) -> float:
+    """(S2) What a stage adds to the bubble of the pipeline, per stage it is not the slowest: 1F1B its whole
+    micro-batch F + B + W; zero bubble max(F, B, F + B - W) (Qi et al. 2024: W fills the rest), which is
+    F + B - W whenever W <= min(F, B), as it always is here (W is the weight-gradient GEMMs, a part of both the
+    forward's and the backward's time); interleaved: 1 / vpp of it."""
+    if family == "1f1b":
+        return (forward + backward_input + weight) / vpp
+    return max(forward, backward_input, forward + backward_input - weight) / vpp
+
+
+def pipeline_time(family: str, times, forward, backward_input, weight, num_micro_batches: int,
+                  vpp: int) -> tuple[float, int]:
+    """(S1) The schedule without sends: max over stages k of m t_k + sum_{j != k} bubble_share_j, t_k = F + B + W
+    the stage's time per micro-batch (`times`). For 1F1B this is (C9), m max t + (sum t - max t) / vpp
+    (cost.pipeline_time, the same floats); returns the time and the critical stage k."""
+    if family == "1f1b":
+        return cost.pipeline_time(list(times), num_micro_batches, vpp)
+    shares = [bubble_share(family, f, b, w, vpp) for f, b, w in zip(forward, backward_input, weight)]
+    bubble = sum(shares)
+    totals = [num_micro_batches * t + bubble - s for t, s in zip(times, shares)]
+    k = max(range(len(totals)), key=lambda i: (totals[i], -i))
+    return totals[k], k
+
+
+def in_flight_chunks(family: str, stage: int, pp: int, vpp: int, m: int) -> int:
+    """(S4) Model chunks whose activations a rank holds at its peak: the most forwards it has run whose weight
+    gradient (the end of their backward) has not, along its op order. 1F1B: min(pp - i, m); interleaved:
+    min(2 (pp - i - 1) + (vpp - 1) pp + 1, m vpp), as (M5). Zero bubble counts a micro-batch until its W has
+    run (W needs the layers' inputs and output gradients, most of what the forward kept): an upper bound."""
+    if family == "1f1b":
+        if vpp == 1:
+            return min(pp - stage, m)
+        return min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
+    order = schedule_orders.looped(stage, pp, m, vpp, zero_bubble=True)
+    held = peak = 0
+    for kind, _, _ in order:
+        held += 1 if kind == "F" else -1 if kind in ("W", "B") else 0
+        peak = max(peak, held)
+    return peak
