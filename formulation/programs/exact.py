@@ -352,10 +352,27 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
         prog.add(terms, ">=", 0, "P11 optimizer step")
     v = c.vpp
     prog.objective = {tau: v * m - 1, delta: v, opt: v, **{t: 1 for t in stage_time}}
+    if c.schedule == "zero_bubble":  # (P12') v T = max_i [(v m - 1) t_i + 2 W_i] + sum_j (t_j - 2 W_j), (S1)
+        prog.objective.pop(tau)
+        tau_z = prog.var("tauZ")
+        for i, t_i in enumerate(stage_time):
+            terms = {tau_z: 1, t_i: -(v * m - 1)}
+            for lam, w in _weight_grads(b, i):
+                terms[lam] = terms.get(lam, 0) - 2 * w
+            prog.add(terms, ">=", 0, "P12' zero-bubble critical stage")
+            for lam, w in _weight_grads(b, i):
+                prog.objective[lam] = prog.objective.get(lam, 0) - 2 * w
+        prog.objective[tau_z] = 1
     for var, weight in chain.items():
         prog.objective[var] = v * weight
     prog.objective_constant = v * b.t(b.gpu_type.iteration_overhead_s)
     prog.objective_divisor = v
+
+
+def _weight_grads(b: _Builder, i: int) -> list[tuple[int, float]]:
+    """(C15) Stage i's weight-gradient time W_i = sum_q W(q) lambda[i, q] (map-independent), in program units."""
+    k = b.stage_constants[i]
+    return [(lam, b.t(k.weight_grad(q))) for (stage, q), lam in b.prog.layers.items() if stage == i]
 
 
 def _symmetry_breaking(b: _Builder) -> None:

@@ -195,7 +195,12 @@ class Parts(KindBounds):
 
     def schedule(self, M: float, S: float) -> float:
         """(C9) m M + (S - M) / vpp from a least slowest stage M and a least stage sum S; INF where M is."""
-        return INF if M == INF else self.m * M + (max(S, M) - M) / self.config.vpp
+        if M == INF:
+            return INF
+        if self.config.schedule == "zero_bubble":  # (S1): every stage off the critical one saves 2 W_j <= 2 W_total
+            return self.m * M + max(0.0, max(S, M) - M - 2 * weight_grad_ceiling(self.instance, self.placement)) \
+                / self.config.vpp
+        return self.m * M + (max(S, M) - M) / self.config.vpp
 
     def pipeline_any(self, k: int, slow: float) -> float:
         """(C9) with k of the stages at `slow` per layer, wherever they sit: a lower bound that forgets which (every
@@ -334,6 +339,16 @@ class Parts(KindBounds):
                 loaded = min(loaded, self.dp_range_floor(i, heavy, most))
         # ... and the stage holding at least the average number of layers is one of them
         return max(best, loaded if loaded < INF else 0.0)
+
+
+def weight_grad_ceiling(instance, p) -> float:
+    """(C15) At least the weight-gradient time of all stages together, W_total = sum_j W_j: every layer at the
+    largest GEMM forward of any GPU type and layer kind, plus the largest output layer's."""
+    model, job = instance.model, instance.training
+    kinds = (None,) if model.moe is None else ("dense", "moe")
+    types = list(instance.cluster.gpu_types.values())
+    layer = max(moe_cost.layer_compute(model, job, p, g, kind).matmul_fwd for g in types for kind in kinds)
+    return model.num_layers * layer + max(cost.output_layer_forward(model, job, p, g) for g in types)
 
 
 def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None,

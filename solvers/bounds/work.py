@@ -74,5 +74,6 @@ class WorkBound:
 
     def __call__(self, config: Config) -> float:
         m = self.instance.training.global_batch_size // (config.micro_batch_size * config.dp)
-        pipe = self.work(config) / config.pp * (m + (config.pp - 1) / config.vpp)
+        bubble = (config.pp - 1) / config.vpp if config.schedule == "1f1b" else 0.0  # zero bubble: m x work alone
+        pipe = self.work(config) / config.pp * (m + bubble)
         return (pipe + self._overhead) * _SAFETY
