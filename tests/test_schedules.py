@@ -139,3 +139,29 @@ def test_zero_bubble_is_faster_and_holds_its_micro_batches(small_instance):
     assert zb.iteration_time_s < one.iteration_time_s
     # (S4) ZB-H1 holds pp micro-batches on every stage until their W: the last stage holds more than under 1F1B
     assert zb.stages[-1].memory.activations_gib > one.stages[-1].memory.activations_gib
+
+
+def test_torchtitan_reads_the_zero_bubble_schedule(tmp_path):
+    """torchtitan 0.3's ConfigManager parses the exported schedule, torch knows it as a multi-stage schedule, and
+    the model parts are pp x vpp chunks (what its multi-stage schedules need)."""
+    from types import SimpleNamespace
+
+    from conftest import REPO
+    from formulation import load_instance
+    from frameworks import require
+    from solvers.outputs.torchtitan import torchtitan_arguments, torchtitan_flavour
+
+    manager = require("torchtitan.config.manager")
+    torch_schedules = require("torch.distributed.pipelining.schedules")
+    instance = load_instance(REPO / "instances" / "h100_128.json")
+    instance = replace(instance, training=replace(instance.training, software_stack="torchtitan", torch_compile=False))
+    p = replace(default_placement(instance, tp=8, pp=4, vpp=2, zero_stage=3), schedule="zero_bubble")
+    args, subcommands, _ = torchtitan_arguments(instance, SimpleNamespace(placement=p, estimate=evaluate(instance, p)))
+    flavour, _ = torchtitan_flavour(instance.model)
+    config = manager.ConfigManager().parse_args(["--module", flavour.module, "--config", flavour.config] + args
+                                                + subcommands)
+    par = config.parallelism
+    assert par.pipeline_parallel_schedule == "InterleavedZeroBubble"
+    assert issubclass(torch_schedules.get_schedule_class(par.pipeline_parallel_schedule),
+                      torch_schedules.PipelineScheduleMulti)
+    assert len(par.module_fqns_per_model_part) == p.pp * p.vpp
