@@ -165,3 +165,26 @@ def test_torchtitan_reads_the_zero_bubble_schedule(tmp_path):
     assert issubclass(torch_schedules.get_schedule_class(par.pipeline_parallel_schedule),
                       torch_schedules.PipelineScheduleMulti)
     assert len(par.module_fqns_per_model_part) == p.pp * p.vpp
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_zero_bubble_picture_simulates_the_plan(small_instance, vpp, tmp_path):
+    """The schedule picture of a zero-bubble plan: every op of torch's order once, one at a time per stage, W after
+    its B, the simulated pipeline within the closed form's reach (S1 is exact for like stages only)."""
+    from solvers.outputs.plots import schedule_gantt
+    from solvers.outputs.schedule import simulate_schedule
+
+    p = replace(default_placement(small_instance, tp=1, pp=4, dp=2, vpp=vpp), schedule="zero_bubble")
+    e = evaluate(small_instance, p)
+    sched = simulate_schedule(small_instance, p, e)
+    m = e.num_micro_batches
+    for stage in range(p.pp):
+        ops = sorted((o for o in sched.ops if o.stage == stage), key=lambda o: o.start)
+        assert [sum(o.kind == k for o in ops) for k in "FBW"] == [m * vpp] * 3
+        assert all(a.end <= b.start + 1e-12 for a, b in zip(ops, ops[1:]))
+    ends = {(o.kind, o.chunk, o.stage, o.micro_batch): o.end for o in sched.ops}
+    assert all(o.start >= ends[("B", o.chunk, o.stage, o.micro_batch)] for o in sched.ops if o.kind == "W")
+    assert sched.critical_path[-1].end == sched.makespan_s
+    pipe = e.breakdown["compute_s"] + e.breakdown["bubble_s"] + e.breakdown["tp_comm_s"] + e.breakdown["cp_comm_s"]
+    assert sched.makespan_s == pytest.approx(pipe + e.breakdown["pp_comm_s"], rel=0.1)
+    assert schedule_gantt(small_instance, p, e, tmp_path / "schedule.png").stat().st_size > 10_000
