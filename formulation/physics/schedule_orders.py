@@ -155,6 +155,12 @@ def dualpipev(rank: int, pp: int, m: int) -> list[Op]:
         add(s1, "B")
         add(s1, "F")
         add(s0, "B")
+    _dualpipev_drain(rank, pp, s0, s1, add, weight)
+    return ops
+
+
+def _dualpipev_drain(rank: int, pp: int, s0: int, s1: int, add, weight) -> None:
+    """DualPipeV's last steps: the second half of the backwards split into I and W, the W filling the drain."""
     split = False
     for i in range(rank + 1):
         if i == (rank + 1) // 2 and rank % 2 == 1:
@@ -168,4 +174,3 @@ def dualpipev(rank: int, pp: int, m: int) -> list[Op]:
         add(s0, "I" if split else "B")
     for _ in range(rank + 1):
         weight()
-    return ops
