@@ -12,6 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from formulation.errors import InputError, Section
+from formulation.inputs.frameworks import stack_schedules
 from formulation.inputs.job import PYTORCH_STACKS, RECOMPUTE_CHOICES, ZERO_STAGES
 
 
@@ -364,6 +365,11 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
                           zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus,
                           recompute_num_layers=recompute_num_layers, schedule=schedule)
     check_placement(instance, placement, file)
+    job = instance.training
+    runs = stack_schedules(job.software_stack, job.torch_compile)
+    if placement.pp > 1 and placement.schedule_name not in runs:  # never a schedule the stack cannot run
+        raise sec.error("schedule", f"software_stack {job.software_stack} does not run {placement.schedule_name} "
+                                    f"(it runs {', '.join(runs)}; docs/schedules.md)")
     return placement
 
 

@@ -188,3 +188,15 @@ def test_zero_bubble_picture_simulates_the_plan(small_instance, vpp, tmp_path):
     pipe = e.breakdown["compute_s"] + e.breakdown["bubble_s"] + e.breakdown["tp_comm_s"] + e.breakdown["cp_comm_s"]
     assert sched.makespan_s == pytest.approx(pipe + e.breakdown["pp_comm_s"], rel=0.1)
     assert schedule_gantt(small_instance, p, e, tmp_path / "schedule.png").stat().st_size > 10_000
+
+
+def test_a_placement_file_with_a_schedule_its_stack_cannot_run_is_refused(small_instance):
+    """Megatron-LM runs no zero-bubble schedule: a placement file asking for one is a one-line input error."""
+    from formulation import InputError
+    from formulation.placement import placement_from_dict
+
+    doc = {"tp": 1, "pp": 2, "dp": 4, "vpp": 2, "schedule": "zero_bubble"}
+    with pytest.raises(InputError, match="schedule: software_stack megatron does not run InterleavedZeroBubble"):
+        placement_from_dict(doc, small_instance, "p.json")
+    assert placement_from_dict({**doc, "schedule": "1f1b"}, small_instance, "p.json").schedule_name == \
+        "Interleaved1F1B"
