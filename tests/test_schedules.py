@@ -200,3 +200,18 @@ def test_a_placement_file_with_a_schedule_its_stack_cannot_run_is_refused(small_
         placement_from_dict(doc, small_instance, "p.json")
     assert placement_from_dict({**doc, "schedule": "1f1b"}, small_instance, "p.json").schedule_name == \
         "Interleaved1F1B"
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_best_partition_of_a_zero_bubble_map_is_the_brute_force_best(small_instance, vpp):
+    """solvers/local/partition.py under (S1): the partition it returns is the evaluator's best over every split."""
+    import itertools
+
+    from solvers.local.partition import best_partition
+
+    p = replace(default_placement(small_instance, tp=1, pp=4, dp=2, vpp=vpp), schedule="zero_bubble")
+    L = small_instance.model.num_layers
+    best = min(evaluate(small_instance, replace(p, layers_per_stage=split), check=False).iteration_time_s
+               for split in itertools.product(range(vpp, L, vpp), repeat=4) if sum(split) == L)
+    found = best_partition(small_instance, p)
+    assert evaluate(small_instance, found).iteration_time_s == pytest.approx(best, rel=1e-6)
