@@ -215,3 +215,12 @@ def test_best_partition_of_a_zero_bubble_map_is_the_brute_force_best(small_insta
                for split in itertools.product(range(vpp, L, vpp), repeat=4) if sum(split) == L)
     found = best_partition(small_instance, p)
     assert evaluate(small_instance, found).iteration_time_s == pytest.approx(best, rel=1e-6)
+
+
+def test_megatron_arguments_of_a_zero_bubble_plan_say_what_runs_instead(small_instance):
+    from solvers.outputs.export import megatron_arguments
+
+    p = replace(default_placement(small_instance, tp=1, pp=4, dp=2, vpp=2), schedule="zero_bubble")
+    notes = megatron_arguments(small_instance, p)[1]
+    assert any("cannot run the planned InterleavedZeroBubble" in n and "Interleaved1F1B" in n for n in notes)
+    assert not any("cannot run the planned" in n for n in megatron_arguments(small_instance, replace(p, schedule="1f1b"))[1])
