@@ -224,3 +224,19 @@ def test_megatron_arguments_of_a_zero_bubble_plan_say_what_runs_instead(small_in
     notes = megatron_arguments(small_instance, p)[1]
     assert any("cannot run the planned InterleavedZeroBubble" in n and "Interleaved1F1B" in n for n in notes)
     assert not any("cannot run the planned" in n for n in megatron_arguments(small_instance, replace(p, schedule="1f1b"))[1])
+
+
+def test_report_says_the_schedule_and_its_gain_over_1f1b(small_instance):
+    """Where the job allows more than the 1F1B family, the report names the plan's schedule and its gain."""
+    from solvers.outputs.plan_notes import schedule_line
+
+    eager = replace(small_instance.training, software_stack="torchtitan", torch_compile=False,
+                    pipeline_schedules=("1F1B", "Interleaved1F1B", "InterleavedZeroBubble"))
+    instance = replace(small_instance, training=eager)
+    p = replace(default_placement(instance, tp=1, pp=4, dp=2, vpp=2), schedule="zero_bubble")
+    e, one = evaluate(instance, p), evaluate(instance, replace(p, schedule="1f1b"))
+    line = schedule_line(instance, p, e)
+    gain = 100 * (one.iteration_time_s / e.iteration_time_s - 1)
+    assert line.startswith("pipeline schedule: InterleavedZeroBubble") and f"{gain:.1f} % faster than " \
+        "Interleaved1F1B" in line
+    assert schedule_line(small_instance, p, e) == ""  # megatron: the 1F1B family alone, lines as before
