@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, recompute_modules, schedules
+from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, recompute_modules
+from formulation.physics.schedules import in_flight_layer_microbatches, in_flight_micro_batches
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
 GIB = float(1 << 30)
@@ -71,29 +72,6 @@ class MemoryCoefficients:
     optimizer: tuple[float, float]
     activations: tuple[float, float]
     buffers: tuple[float, float]
-
-
-def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int,
-                                 schedule: str = "1f1b") -> float:
-    """(M5) Layer activations held at the peak, in units of one layer for one micro-batch.
-
-    1F1B: stage i holds min(pp - i, m) micro-batches of its layers. Interleaved (vpp = v): Megatron-LM warms
-    up (pp - i - 1) * 2 + (v - 1) * pp chunks and keeps one more in flight, each chunk layers / v layers.
-    Zero-bubble schedules: (S4) of docs/schedules.md, chunks held until their weight gradient has run.
-    """
-    if schedule != "1f1b":
-        return schedules.in_flight_chunks(schedule, stage, pp, vpp, num_micro_batches) * layers / vpp
-    if vpp == 1:
-        return min(pp - stage, num_micro_batches) * layers
-    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, num_micro_batches * vpp)
-    return chunks * layers / vpp
-
-
-def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int, schedule: str = "1f1b") -> float:
-    """Micro-batches whose first-stage extras (embedding output) are alive at the peak."""
-    if vpp == 1 and schedule == "1f1b":
-        return min(pp - stage, num_micro_batches)
-    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp, schedule) / vpp)
 
 
 def layer_activation_bytes(model, job, p) -> tuple[float, float]:

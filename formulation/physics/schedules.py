@@ -11,7 +11,9 @@ W, W deferred into the bubble). torchtitan's V-shaped ZBVZeroBubble and DualPipe
 
 from __future__ import annotations
 
-from formulation.physics import cost, schedule_orders
+import math
+
+from formulation.physics import cost, moe_cost, schedule_orders
 
 FAMILIES = ("1f1b", "zero_bubble")
 # the schedule names torch.distributed.pipelining (torchtitan's parallelism.pipeline_parallel_schedule) uses,
@@ -67,3 +69,36 @@ def in_flight_chunks(family: str, stage: int, pp: int, vpp: int, m: int) -> int:
         held += 1 if kind == "F" else -1 if kind in ("W", "B") else 0
         peak = max(peak, held)
     return peak
+
+
+def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int,
+                                 schedule: str = "1f1b") -> float:
+    """(M5) Layer activations held at the peak, in units of one layer for one micro-batch.
+
+    1F1B: stage i holds min(pp - i, m) micro-batches of its layers. Interleaved (vpp = v): Megatron-LM warms
+    up (pp - i - 1) * 2 + (v - 1) * pp chunks and keeps one more in flight, each chunk layers / v layers.
+    Zero-bubble schedules: (S4) of docs/schedules.md, chunks held until their weight gradient has run.
+    """
+    if schedule != "1f1b":
+        return in_flight_chunks(schedule, stage, pp, vpp, num_micro_batches) * layers / vpp
+    if vpp == 1:
+        return min(pp - stage, num_micro_batches) * layers
+    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, num_micro_batches * vpp)
+    return chunks * layers / vpp
+
+
+def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int, schedule: str = "1f1b") -> float:
+    """Micro-batches whose first-stage extras (embedding output) are alive at the peak."""
+    if vpp == 1 and schedule == "1f1b":
+        return min(pp - stage, num_micro_batches)
+    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp, schedule) / vpp)
+
+
+def weight_grad_ceiling(instance, p) -> float:
+    """(C15) At least the weight-gradient time of all stages together, W_total = sum_j W_j: every layer at the
+    largest GEMM forward of any GPU type and layer kind, plus the largest output layer's."""
+    model, job = instance.model, instance.training
+    kinds = (None,) if model.moe is None else ("dense", "moe")
+    types = list(instance.cluster.gpu_types.values())
+    layer = max(moe_cost.layer_compute(model, job, p, g, kind).matmul_fwd for g in types for kind in kinds)
+    return model.num_layers * layer + max(cost.output_layer_forward(model, job, p, g) for g in types)

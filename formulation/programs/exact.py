@@ -23,6 +23,7 @@ from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
                                                  expert_sync_time, symmetric_unit)
 from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables
+from formulation.programs.exact_schedule import zero_bubble_objective
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
@@ -352,39 +353,12 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
         prog.add(terms, ">=", 0, "P11 optimizer step")
     v = c.vpp
     prog.objective = {tau: v * m - 1, delta: v, opt: v, **{t: 1 for t in stage_time}}
-    if c.schedule == "zero_bubble":  # (P12') v T = max_i [(v m - 1) t_i + 2 W_i] + sum_j (t_j - 2 W_j), (S1)
-        prog.objective.pop(tau)
-        tau_z = prog.var("tauZ")
-        for i, t_i in enumerate(stage_time):
-            terms = {tau_z: 1, t_i: -(v * m - 1)}
-            for lam, w in _weight_grads(b, i):
-                terms[lam] = terms.get(lam, 0) - 2 * w
-            prog.add(terms, ">=", 0, "P12' zero-bubble critical stage")
-        prog.objective[tau_z] = 1
-        # sum_j W_j is the same for every partition (each layer's W wherever it sits, the output layer's on the
-        # last stage): a constant, since CP-SAT takes time constants on binaries only in rows
-        prog.objective_constant -= 2 * b.t(_total_weight_grad(b))
+    if c.schedule == "zero_bubble":  # (P12')
+        zero_bubble_objective(b, stage_time, tau, v * m - 1)
     for var, weight in chain.items():
         prog.objective[var] = v * weight
     prog.objective_constant += v * b.t(b.gpu_type.iteration_overhead_s)
     prog.objective_divisor = v
-
-
-def _weight_grads(b: _Builder, i: int) -> list[tuple[int, float]]:
-    """(C15) Stage i's weight-gradient time W_i = sum_q W(q) lambda[i, q] (map-independent), in program units."""
-    k = b.stage_constants[i]
-    return [(lam, b.t(k.weight_grad(q))) for (stage, q), lam in b.prog.layers.items() if stage == i]
-
-
-def _total_weight_grad(b: _Builder) -> float:
-    """(C15) sum_j W_j in seconds: every layer's weight-gradient GEMMs plus the output layer's."""
-    model = b.inst.model
-    out = sum(b.stage_constants[i].output_fwd for i in range(b.c.pp))
-    k = b.stage_constants[0]
-    if b.mixed:
-        moe = model.moe.num_moe_layers
-        return (model.num_layers - moe) * k.dense.matmul_fwd + moe * k.moe.matmul_fwd + out
-    return model.num_layers * k.matmul_fwd + out
 
 
 def _symmetry_breaking(b: _Builder) -> None:

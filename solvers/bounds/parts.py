@@ -13,6 +13,7 @@ import numpy as np
 
 from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.cost import GroupLinks
+from formulation.physics.schedules import weight_grad_ceiling
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
 from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
@@ -339,16 +340,6 @@ class Parts(KindBounds):
                 loaded = min(loaded, self.dp_range_floor(i, heavy, most))
         # ... and the stage holding at least the average number of layers is one of them
         return max(best, loaded if loaded < INF else 0.0)
-
-
-def weight_grad_ceiling(instance, p) -> float:
-    """(C15) At least the weight-gradient time of all stages together, W_total = sum_j W_j: every layer at the
-    largest GEMM forward of any GPU type and layer kind, plus the largest output layer's."""
-    model, job = instance.model, instance.training
-    kinds = (None,) if model.moe is None else ("dense", "moe")
-    types = list(instance.cluster.gpu_types.values())
-    layer = max(moe_cost.layer_compute(model, job, p, g, kind).matmul_fwd for g in types for kind in kinds)
-    return model.num_layers * layer + max(cost.output_layer_forward(model, job, p, g) for g in types)
 
 
 def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None,
