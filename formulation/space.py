@@ -51,7 +51,8 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
 def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
     """Every configuration with these parallel sizes: dp dividing the batch, micro-batch sizes dividing the
     per-replica batch, vpp > 1 only with pp > 1, m divisible by pp and the layers divisible into whole chunks
-    of vpp per stage; recompute and zero_stage from the allowed choices; those the job's framework runs."""
+    of vpp per stage; recompute and zero_stage from the allowed choices; the pipeline schedule families of
+    `training.pipeline_schedules` at that vpp (docs/schedules.md); those the job's framework runs."""
     model, job = instance.model, instance.training
     if job.global_batch_size % dp:
         return
