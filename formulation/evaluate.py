@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from formulation.physics import cost, layer_kinds, moe_cost
+from formulation.physics import cost, layer_kinds, moe_cost, schedules
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
 from formulation.intervals import (POOLED, evidence, interval_basis, interval_note, prediction_interval,
                                    slow_tail_share, stack_kind)
@@ -35,10 +35,16 @@ class StageEstimate:
     optimizer_s: float  # (C13) this stage's optimizer step
     memory: StageMemory
     ep_comm_s: float = 0.0  # expert dispatch and combine per micro-batch (mixture-of-experts, docs/moe.md (E7))
+    weight_grad_s: float = 0.0  # (C15) the weight-gradient GEMMs W inside backward_s (zero-bubble schedules)
 
     @property
     def time_per_micro_batch_s(self) -> float:
         return self.forward_s + self.backward_s
+
+    @property
+    def input_grad_s(self) -> float:
+        """(C15) The input-gradient part B of the backward: backward_s - weight_grad_s."""
+        return self.backward_s - self.weight_grad_s
 
 
 @dataclass(frozen=True)
@@ -238,7 +244,8 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
         tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
-        memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep)
+        memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep,
+        weight_grad_s=k.weight_grad(layers))
 
 
 def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: StageLinks) -> StageEstimate:
@@ -268,7 +275,7 @@ def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: Stage
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], sf.gpu_type),
         memory=_stage_memory(instance, full, i, layers, sf.gpus, plain=memory_coefficients(instance, plain, i),
-                             plain_layers=n_p))
+                             plain_layers=n_p), weight_grad_s=k.weight_grad(layers))
 
 
 def _mixed_stage_estimate(instance, p: Placement, i: int, mix, sl: StageLinks) -> StageEstimate:
@@ -294,7 +301,8 @@ def _mixed_stage_estimate(instance, p: Placement, i: int, mix, sl: StageLinks) -
         tp_comm_s=per_kind("tp"), cp_comm_s=per_kind("cp"), zero3_comm_s=per_kind("zero3"),
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed,
         optimizer_s=cost.optimizer_step_time(state / job.bytes_per_param_state[2], gpu_type),
-        memory=_stage_memory(instance, p, i, mix.total, sl.gpus, mix.dense), ep_comm_s=per_kind("ep"))
+        memory=_stage_memory(instance, p, i, mix.total, sl.gpus, mix.dense), ep_comm_s=per_kind("ep"),
+        weight_grad_s=k.weight_grad(mix))
 
 
 def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -> tuple[float, float, int, float]:
@@ -302,7 +310,9 @@ def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -
     pipeline boundary (`wrap`: last stage to first, interleaved schedules only). Returns the iteration time,
     the schedule's time, its critical stage and the send/receive chain."""
     m = p.num_micro_batches(instance.training.global_batch_size)
-    pipe, k = cost.pipeline_time([s.time_per_micro_batch_s for s in stages], m, p.vpp)
+    pipe, k = schedules.pipeline_time(p.schedule, [s.time_per_micro_batch_s for s in stages],
+                                      [s.forward_s for s in stages], [s.input_grad_s for s in stages],
+                                      [s.weight_grad_s for s in stages], m, p.vpp)  # (S1), (C9)
     chain = cost.p2p_chain(boundaries, wrap if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
     overhead = max(instance.cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
     total = iteration_time(pipe, chain, max(s.dp_exposed_s for s in stages), max(s.optimizer_s for s in stages),

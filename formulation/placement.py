@@ -12,6 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from formulation.errors import InputError, Section
+from formulation.inputs.frameworks import stack_schedules
 from formulation.inputs.job import PYTORCH_STACKS, RECOMPUTE_CHOICES, ZERO_STAGES
 from formulation.physics import moe_overlap
 
@@ -38,6 +39,9 @@ class Config:
     # Megatron-Core's MoE all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute, docs/moe.md
     # (E10)): each MoE layer's dispatch and combine beside the other micro-batch's compute
     moe_a2a_overlap: bool = field(default=False, kw_only=True)
+    # pipeline schedule family (formulation/physics/schedules.py): "1f1b" (1F1B, interleaved with vpp > 1) or
+    # "zero_bubble" (ZB-H1, InterleavedZeroBubble with vpp > 1)
+    schedule: str = field(default="1f1b", kw_only=True)
 
     def sizes(self) -> str:
         """The parallel sizes, the one spelling every table, title and message uses."""
@@ -52,7 +56,18 @@ class Config:
     def describe(self) -> str:
         overlap = " a2a-overlap" if self.moe_a2a_overlap else ""
         return (f"{self.sizes()} vpp={self.vpp} mbs={self.micro_batch_size} recompute={self.recompute} "
-                f"zero={self.zero_stage}{overlap}")
+                f"zero={self.zero_stage}{overlap}{self.schedule_text}")
+
+    @property
+    def schedule_name(self) -> str:
+        """The pipeline schedule by torch.distributed.pipelining's name (1F1B, Interleaved1F1B, ZBH1, ...)."""
+        from formulation.physics.schedules import schedule_name
+        return schedule_name(self.schedule, self.vpp)
+
+    @property
+    def schedule_text(self) -> str:
+        """" schedule=NAME" for a zero-bubble configuration, "" for the 1F1B family (the texts stay as before)."""
+        return f" schedule={self.schedule_name}" if self.schedule != "1f1b" else ""
 
     def config_key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(Config))
@@ -160,7 +175,7 @@ class Placement(Config):
         overlap = " moe_a2a_overlap=true" if self.moe_a2a_overlap else ""
         return (f"{self.sizes()} vpp={self.vpp} "
                 f"micro_batch_size={self.micro_batch_size} recompute={self.recompute}{block} "
-                f"zero_stage={self.zero_stage}{overlap} layers_per_stage={list(self.layers_per_stage)}")
+                f"zero_stage={self.zero_stage}{overlap}{self.schedule_text} layers_per_stage={list(self.layers_per_stage)}")
 
     def to_dict(self, cluster=None) -> dict:
         out = asdict(self)
@@ -170,6 +185,8 @@ class Placement(Config):
             del out["recompute_num_layers"]
         if not self.moe_a2a_overlap:  # plans without the overlap keep their keys
             del out["moe_a2a_overlap"]
+        if self.schedule == "1f1b":  # 1F1B plans keep their keys
+            del out["schedule"]
         out["layers_per_stage"] = list(self.layers_per_stage)
         out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
         return out
@@ -251,6 +268,10 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("moe_a2a_overlap", f"expected true or false, got {p.moe_a2a_overlap!r}")
     if p.moe_a2a_overlap and (why := moe_overlap.problem(model, job, p)):
         bad("moe_a2a_overlap", why)
+    if p.schedule not in ("1f1b", "zero_bubble"):
+        bad("schedule", f"expected 1f1b or zero_bubble; got {p.schedule!r}")
+    if p.schedule != "1f1b" and p.pp < 2:
+        bad("schedule", "a zero-bubble schedule needs pp >= 2")
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -318,6 +339,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
     a2a_overlap = sec.boolean("moe_a2a_overlap", default=False)
+    schedule = sec.string("schedule", default="1f1b", choices=("1f1b", "zero_bubble"))
     if sec.has("zero_stage") and sec.data["zero_stage"] is None:  # null is not "leave it out"
         raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got null (leave the field out for the "
                                       "default: 1 with distributed_optimizer true, else 0)")
@@ -354,8 +376,14 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     sec.done()
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus,
-                          recompute_num_layers=recompute_num_layers, moe_a2a_overlap=a2a_overlap)
+                          recompute_num_layers=recompute_num_layers, moe_a2a_overlap=a2a_overlap,
+                          schedule=schedule)
     check_placement(instance, placement, file)
+    job = instance.training
+    runs = stack_schedules(job.software_stack, job.torch_compile)
+    if placement.pp > 1 and placement.schedule_name not in runs:  # never a schedule the stack cannot run
+        raise sec.error("schedule", f"software_stack {job.software_stack} does not run {placement.schedule_name} "
+                                    f"(it runs {', '.join(runs)}; docs/schedules.md)")
     return placement
 
 

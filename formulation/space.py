@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Iterator
 
 from formulation.physics import layer_kinds, moe_overlap
+from formulation.physics.schedules import allowed_families
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.inputs.frameworks import config_problem
 from formulation.inputs.job import DATA_PARALLEL_ONLY
@@ -51,7 +52,8 @@ def configurations(instance, world_size: int | None = None) -> Iterator[Config]:
 def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
     """Every configuration with these parallel sizes: dp dividing the batch, micro-batch sizes dividing the
     per-replica batch, vpp > 1 only with pp > 1, m divisible by pp and the layers divisible into whole chunks
-    of vpp per stage; recompute and zero_stage from the allowed choices; those the job's framework runs."""
+    of vpp per stage; recompute and zero_stage from the allowed choices; the pipeline schedule families of
+    `training.pipeline_schedules` at that vpp (docs/schedules.md); those the job's framework runs."""
     model, job = instance.model, instance.training
     if job.global_batch_size % dp:
         return
@@ -64,14 +66,17 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
             # interleaving: some partition into whole chunks of vpp layers per stage must exist
             if vpp > 1 and (pp == 1 or m % pp or model.num_layers % vpp or model.num_layers // vpp < pp):
                 continue
+            # the schedule families the job allows at this vpp (1F1B alone without pipeline parallelism)
+            families = allowed_families(job.pipeline_schedules, vpp) if pp > 1 else ["1f1b"]
             for recompute in job.recompute:
                 for zero in job.zero_stage:
                     if zero >= 3 and model.moe is not None:  # Megatron-Core shards experts with its
                         continue  # distributed optimizer (zero 1), not ZeRO-3
                     for ep, etp in expert_sizes(instance, tp * cp * dp):
-                        config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp)
-                        if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
-                            yield from overlap_choices(instance, config)
+                        for family in families:
+                            config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp, schedule=family)
+                            if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
+                                yield from overlap_choices(instance, config)
 
 
 def overlap_choices(instance, config: Config) -> Iterator[Config]:

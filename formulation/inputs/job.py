@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from formulation.inputs.mxfp8 import RECIPES
 from formulation.errors import Section
-from formulation.inputs.frameworks import FRAMEWORKS, framework_zero_stages
+from formulation.inputs.frameworks import (FRAMEWORKS, SEARCHED_SCHEDULES, SIMULATED_SCHEDULES, framework_zero_stages,
+                                           stack_schedules)
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 # Megatron-Core's selective recompute by module (--recompute-modules, TransformerConfig.recompute_modules), in its
@@ -76,6 +77,8 @@ class TrainingJob:
     max_tensor_parallel_size: int = 0  # 0: the GPUs of one node
     context_parallel_sizes: tuple[int, ...] = (1,)
     virtual_pipeline_sizes: tuple[int, ...] = (1,)
+    # the pipeline schedules the search may choose (formulation/physics/schedules.py); default: the stack's
+    pipeline_schedules: tuple[str, ...] = ("1F1B", "Interleaved1F1B")
     memory_limit_fraction: float = 0.8
     flash_attention: bool = True
     sequence_parallel: bool = True  # with tp > 1, as Megatron-LM's --sequence-parallel
@@ -224,6 +227,7 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         raise sec.error("recompute_modules", f"Megatron-Core's recompute modules apply to software_stack megatron, "
                                              f"not {job.software_stack} (torchtitan's selective recompute is op-level)")
     _check_context_parallel_sizes(sec, job, origin)
+    job = _with_schedules(sec, job)
     sec.done()
     return job
 
@@ -241,6 +245,23 @@ def _overlap_choices(sec: Section, stack: str) -> tuple[bool, ...]:
         raise sec.error("moe_a2a_overlap", f"Megatron-Core's --overlap-moe-expert-parallel-comm applies to "
                                            f"software_stack megatron, not {stack}")
     return tuple(sorted(set(items)))
+
+
+def _with_schedules(sec: Section, job: TrainingJob) -> TrainingJob:
+    """`pipeline_schedules`: the listed names (checked against what the stack runs), else the stack's own."""
+    runs = stack_schedules(job.software_stack, job.torch_compile)
+    if not sec.has("pipeline_schedules"):
+        return replace(job, pipeline_schedules=runs)
+    names = _choices(sec, "pipeline_schedules", SEARCHED_SCHEDULES + SIMULATED_SCHEDULES, (), str)
+    for name in names:
+        if name in SIMULATED_SCHEDULES:
+            raise sec.error("pipeline_schedules", f"{name} is simulated (docs/schedules.md) but has no closed form "
+                                                  f"the search can use; expected choices from {list(runs)}")
+        if name not in runs:
+            raise sec.error("pipeline_schedules", f"software_stack {job.software_stack} does not run {name}"
+                                                  f"{' with torch_compile' if job.torch_compile else ''}; it runs "
+                                                  f"{list(runs)}")
+    return replace(job, pipeline_schedules=names)
 
 
 def _check_context_parallel_sizes(sec: Section, job: TrainingJob, origin: str) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from formulation.inputs.mxfp8 import SCALE_BYTES_PER_ELEMENT
 from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, moe_overlap, recompute_modules
+from formulation.physics.schedules import in_flight_layer_microbatches, in_flight_micro_batches
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
 GIB = float(1 << 30)
@@ -72,26 +73,6 @@ class MemoryCoefficients:
     optimizer: tuple[float, float]
     activations: tuple[float, float]
     buffers: tuple[float, float]
-
-
-def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int,
-                                 extra: int = 0) -> float:
-    """(M5) Layer activations held at the peak, in units of one layer for one micro-batch.
-
-    1F1B: stage i holds min(pp - i, m) micro-batches of its layers. Interleaved (vpp = v): Megatron-LM warms
-    up (pp - i - 1) * 2 + (v - 1) * pp chunks and keeps one more in flight, each chunk layers / v layers;
-    `extra` more warm-up steps (micro-batches, or chunks with vpp) under the MoE all-to-all overlap (EM5)."""
-    if vpp == 1:
-        return min(pp - stage + extra, num_micro_batches) * layers
-    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1 + extra, num_micro_batches * vpp)
-    return chunks * layers / vpp
-
-
-def in_flight_micro_batches(stage: int, pp: int, vpp: int, num_micro_batches: int, extra: int = 0) -> float:
-    """Micro-batches whose first-stage extras (embedding output) are alive at the peak."""
-    if vpp == 1:
-        return min(pp - stage + extra, num_micro_batches)
-    return math.ceil(in_flight_layer_microbatches(stage, pp, vpp, num_micro_batches, vpp, extra) / vpp)
 
 
 def layer_activation_bytes(model, job, p) -> tuple[float, float]:
@@ -281,10 +262,11 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     sbh = seq * p.micro_batch_size * model.hidden_size
     sp = job.sequence_parallel_size(p.tp)
     extra = moe_overlap.extra_warmup(p)  # (EM5) the MoE all-to-all overlap's extra warm-up micro-batch
-    per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1, extra)
+    schedule = getattr(p, "schedule", "1f1b")
+    per_layer_units = in_flight_layer_microbatches(stage, p.pp, p.vpp, m, 1, schedule, extra)
     act_fixed = working
     if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input
-        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m, extra) * sbh / sp
+        act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m, schedule, extra) * sbh / sp
     buf_fixed = 0.0
     if stage == p.pp - 1:  # final norm and output-layer inputs; the logits and the loss's buffers
         act_fixed += 4 * sbh / sp

@@ -60,6 +60,12 @@ class StageConstants:
     def stage_params(self, layers: int) -> float:
         return self.params_fixed + self.params_per_layer * layers
 
+    def weight_grad(self, layers: int) -> float:
+        """(C15) The weight-gradient part W of a micro-batch's backward: one GEMM per forward GEMM (the layers'
+        and the output layer's); the attention core, the elementwise work, the recompute and the communication
+        are the input-gradient part B (docs/schedules.md)."""
+        return layers * self.matmul_fwd + self.output_fwd
+
 
 def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) -> StageConstants:
     """Stage `stage`'s constants with per-layer terms of a layer of `kind` ("dense" / "moe", docs/moe.md (E1)),
@@ -113,6 +119,9 @@ class MixedConstants:
     def stage_params(self, mix) -> float:
         return self.moe.params_fixed + self.dense.params_per_layer * mix.dense + self.moe.params_per_layer * mix.moe
 
+    def weight_grad(self, mix) -> float:
+        return mix.dense * self.dense.matmul_fwd + mix.moe * self.moe.matmul_fwd + self.output_fwd
+
     def expert_params(self, mix) -> float:
         return self.moe.expert_params(mix.moe)
 
@@ -143,6 +152,9 @@ class BlockConstants:
 
     def stage_params(self, layers: int) -> float:
         return self.full.stage_params(layers)
+
+    def weight_grad(self, layers: int) -> float:
+        return self.full.weight_grad(layers)  # recompute changes no GEMM of the backward
 
     def expert_params(self, layers: int) -> float:
         return 0.0

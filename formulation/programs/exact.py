@@ -23,6 +23,7 @@ from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
                                                  expert_sync_time, symmetric_unit)
 from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables
+from formulation.programs.exact_schedule import zero_bubble_objective
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
@@ -361,9 +362,11 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
         prog.add(terms, ">=", 0, "P11 optimizer step")
     v = c.vpp
     prog.objective = {tau: v * m - 1, delta: v, opt: v, **{t: 1 for t in stage_time}}
+    if c.schedule == "zero_bubble":  # (P12')
+        zero_bubble_objective(b, stage_time, tau, v * m - 1)
     for var, weight in chain.items():
         prog.objective[var] = v * weight
-    prog.objective_constant = v * b.t(b.gpu_type.iteration_overhead_s)
+    prog.objective_constant += v * b.t(b.gpu_type.iteration_overhead_s)
     prog.objective_divisor = v
 
 

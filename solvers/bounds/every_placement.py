@@ -94,7 +94,8 @@ def work_floor(instance, config: Config) -> float:
     # (C9) over real layer counts: the least (m - 1/v) max_j t_j + sum_j t_j / v lies where the j fastest stages
     # hold every layer at one level L / sum_{i<=j} 1/u_i, for some j (an LP's vertex)
     reach = np.cumsum([1 / u for u in stage_paces])
-    pipe = min(L / r * (m + j / v) for j, r in enumerate(reach))
+    bubble = 1.0 if config.schedule == "1f1b" else 0.0  # zero bubble (S1): no bubble term kept
+    pipe = min(L / r * (m + bubble * j / v) for j, r in enumerate(reach))
     return pipe + min(g.iteration_overhead_s for g in cluster.gpu_types.values())
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.cost import GroupLinks
+from formulation.physics.schedules import weight_grad_ceiling
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
 from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
@@ -120,7 +121,12 @@ class Parts(KindBounds):
 
     def schedule(self, M: float, S: float) -> float:
         """(C9) m M + (S - M) / vpp from a least slowest stage M and a least stage sum S; INF where M is."""
-        return INF if M == INF else self.m * M + (max(S, M) - M) / self.config.vpp
+        if M == INF:
+            return INF
+        if self.config.schedule == "zero_bubble":  # (S1): every stage off the critical one saves 2 W_j <= 2 W_total
+            return self.m * M + max(0.0, max(S, M) - M - 2 * weight_grad_ceiling(self.instance, self.placement)) \
+                / self.config.vpp
+        return self.m * M + (max(S, M) - M) / self.config.vpp
 
     def pipeline_any(self, k: int, slow: float) -> float:
         """(C9) with k of the stages at `slow` per layer, wherever they sit: a lower bound that forgets which (every

@@ -10,6 +10,9 @@ least the mean W / pp, so
 
     T >= W / pp x (m + (pp - 1) / vpp) + the smallest per-iteration overhead of any GPU type.
 
+Zero-bubble schedules (docs/schedules.md (S1)): (m - 1/vpp) t_max + sum_j (t_j - 2 W_j) / vpp with each stage's
+weight gradient W_j <= t_j / 3, so T >= W / pp x (m + (pp / 3 - 1) / vpp) + the overhead.
+
 f, b and out depend only on tp, cp, micro_batch_size and recompute (and the GPU type; with experts on ep and
 etp too), so W is computed once per such combination. The bound ignores memory: the search applies it to
 configurations that fit. Mixture-of-experts (B3): every MoE layer also pays at least ep_passes (2 + rp, + 1 under the "moe" recompute module) x the least expert
@@ -76,5 +79,8 @@ class WorkBound:
 
     def __call__(self, config: Config) -> float:
         m = self.instance.training.global_batch_size // (config.micro_batch_size * config.dp)
-        pipe = self.work(config) / config.pp * (m + (config.pp - 1) / config.vpp)
+        P, v = config.pp, config.vpp
+        # zero bubble (S1): (m - 1/v) t_max + sum_j (t_j - 2 W_j) / v, and W_j <= t_j / 3 (W <= F, W <= B)
+        bubble = (P - 1) / v if config.schedule == "1f1b" else (P / 3 - 1) / v
+        pipe = self.work(config) / P * (m + bubble)
         return (pipe + self._overhead) * _SAFETY

@@ -55,6 +55,8 @@ def best_partition(instance, placement: Placement, solver: str = "cpsat", time_l
             prog.add({var: 1, **{v: -table[(j, q)][column] / unit for (j, q), v in lam.items() if j == i}}, ">=", 0,
                      "slowest stage")
     prog.objective = {tau: vpp * m - 1, delta: vpp, opt: vpp}
+    if placement.schedule == "zero_bubble":  # (S1), docs/programs.md (P12'): tau_Z - 2 sum_i W_i for (vpp m - 1) tau
+        _zero_bubble_objective(prog, table, lam, vpp * m - 1, pp, tau)
     for i in range(pp):  # stage times as variables: CP-SAT scales time constants only inside time rows
         t_i = prog.var(f"t[{i}]")
         prog.add({t_i: 1, **{v: -table[(j, q)][0] / unit for (j, q), v in lam.items() if j == i}}, ">=", 0,
@@ -70,6 +72,22 @@ def best_partition(instance, placement: Placement, solver: str = "cpsat", time_l
     return dataclasses.replace(placement, layers_per_stage=tuple(getattr(q, "total", q) for q in layers))
 
 
+def _zero_bubble_objective(prog: Program, table: dict, lam: dict, weight: int, pp: int, tau: int) -> None:
+    """vpp T = max_i [(vpp m - 1) t_i + 2 W_i] + sum_j (t_j - 2 W_j): tau_Z above every stage's bracket, each W_i
+    a variable fixed by its row (the stages' types may differ, so sum W is no constant here)."""
+    unit = prog.time_unit_s
+    prog.objective.pop(tau)
+    tau_z = prog.var("tauZ")
+    prog.objective[tau_z] = 1
+    for i in range(pp):
+        rows = {v: table[(j, q)] for (j, q), v in lam.items() if j == i}
+        prog.add({tau_z: 1, **{v: -(weight * row[0] + 2 * row[3]) / unit for v, row in rows.items()}}, ">=", 0,
+                 "zero-bubble critical stage")
+        w_i = prog.var(f"W[{i}]")
+        prog.add({w_i: 1, **{v: -row[3] / unit for v, row in rows.items()}}, "==", 0, "weight gradient")
+        prog.objective[w_i] = -2
+
+
 def _count_table(instance, placement: Placement) -> tuple[dict, tuple]:
     """{(stage, q): (time, exposed dp sync, optimizer)} for every layer count q that fits, from the evaluator
     run with every stage at q layers; (chain, overhead, micro-batches), which the partition does not change."""
@@ -79,7 +97,7 @@ def _count_table(instance, placement: Placement) -> tuple[dict, tuple]:
         est = evaluate(instance, dataclasses.replace(placement, layers_per_stage=(q,) * pp), check=False)
         for s in est.stages:
             if s.memory.fits:
-                table[(s.stage, q)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s)
+                table[(s.stage, q)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s, s.weight_grad_s)
     return table, (est.breakdown["pp_comm_s"], est.breakdown["overhead_s"], est.num_micro_batches)
 
 
@@ -93,6 +111,6 @@ def _mix_table(instance, placement: Placement) -> tuple[dict, tuple]:
         for mix in layer_kinds.possible_mixes(model, pp, vpp, i):
             s = stage_estimate(instance, placement, i, mix.total, links, mix)
             if s.memory.fits:
-                table[(i, mix)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s)
+                table[(i, mix)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s, s.weight_grad_s)
     est = evaluate(instance, placement, check=False)
     return table, (est.breakdown["pp_comm_s"], est.breakdown["overhead_s"], est.num_micro_batches)

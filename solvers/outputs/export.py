@@ -119,6 +119,9 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     split_args, split_notes = _layer_split(model, p)
     args += split_args
     notes += split_notes
+    if p.schedule != "1f1b":  # docs/schedules.md: Megatron-Core 0.16 has no zero-bubble order
+        notes.append(f"Megatron-LM cannot run the planned {p.schedule_name} schedule: these arguments run "
+                     f"{'Interleaved1F1B' if p.vpp > 1 else '1F1B'}, slower (launch the plan with torchtitan)")
     args += [("--micro-batch-size", p.micro_batch_size), ("--global-batch-size", job.global_batch_size),
              ("--seq-length", job.seq_length)]
     model_args, model_notes = model_arguments(model, job.seq_length, p.tp)

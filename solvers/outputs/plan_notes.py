@@ -172,6 +172,25 @@ def overlap_line(instance, placement, estimate) -> str:
             f"{other.peak_memory_gib:.1f} GiB{fits})")
 
 
+def schedule_line(instance, placement, estimate) -> str:
+    """The pipeline schedule a pipelined plan runs (docs/schedules.md), the ones the job allowed, and what it
+    gains over the 1F1B family at the same placement; "" without pipeline parallelism or when the job allows
+    the 1F1B family alone (the plans of Megatron-LM, whose lines stay as they were)."""
+    if placement.pp == 1 or set(instance.training.pipeline_schedules) <= {"1F1B", "Interleaved1F1B"}:
+        return ""
+    allowed = ", ".join(instance.training.pipeline_schedules)
+    text = f"pipeline schedule: {placement.schedule_name} (allowed: {allowed})"
+    if placement.schedule == "1f1b":
+        return text
+    base = dataclasses.replace(placement, schedule="1f1b")
+    one = evaluate(instance, base, check=False)
+    gain = one.iteration_time_s / estimate.iteration_time_s - 1
+    return (f"{text}; {100 * gain:.1f} % faster than {base.schedule_name} at the same placement "
+            f"({one.iteration_time_s:.4f} s, bubble {one.breakdown['bubble_s']:.4f} s against "
+            f"{estimate.breakdown['bubble_s']:.4f} s), peak memory {estimate.peak_memory_gib:.1f} GiB against "
+            f"{one.peak_memory_gib:.1f}")
+
+
 def result_lines(instance, result) -> list[str]:
     """Everything printed after a plan's summary: the framework it is for, the MoE all-to-all overlap; for a
     searched plan the solver, the default comparison, hints, runners-up (a scored placement, `solve --evaluate`,
@@ -181,6 +200,8 @@ def result_lines(instance, result) -> list[str]:
     if getattr(result, "solver", None) is None:
         return head
     lines = head + solver_lines(result)
+    schedule = schedule_line(instance, result.placement, result.estimate)
+    lines += [schedule] if schedule else []
     comparison = default_comparison(instance, result)
     lines += [comparison] if comparison else []
     lines += [f"hint: {hint['note']}" for hint in getattr(result, "hints", [])]

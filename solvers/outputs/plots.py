@@ -11,6 +11,8 @@ from solvers.outputs.files import save_figure_atomic
 from solvers.outputs.schedule import Schedule, simulate_schedule
 
 FORWARD, BACKWARD, P2P, CRITICAL = "#4C72B0", "#DD8452", "#8172B3", "#C44E52"
+WEIGHT = "#55A868"  # zero-bubble schedules' deferred weight-gradient ops
+KIND_COLOR = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT}
 STEADY = "#8E9AAF"  # forwards and backwards alternating (1F1B), in the aggregated whole-iteration panel
 
 
@@ -37,7 +39,7 @@ def _draw_schedule(ax, sched: Schedule, pp: int, vpp: int, window: tuple[float, 
     for o in visible:
         y = o.stage
         boxes.append([(o.start, y - 0.32), (o.end, y - 0.32), (o.end, y + 0.32), (o.start, y + 0.32)])
-        colors.append(_shade(FORWARD if o.kind == "F" else BACKWARD, o.chunk, vpp))
+        colors.append(_shade(KIND_COLOR[o.kind], o.chunk, vpp))
         edges.append("black" if (o.critical and label) else "none")
         if o.comm:
             a, b = o.comm
@@ -62,7 +64,7 @@ def _draw_schedule(ax, sched: Schedule, pp: int, vpp: int, window: tuple[float, 
         for o in visible:
             text = str(o.micro_batch) if vpp == 1 else f"{o.micro_batch}.{o.chunk}"
             if (o.end - o.start) / (hi - lo) * width_px > 4 + 4 * len(text):  # room for the label
-                r, g, b = _shade(FORWARD if o.kind == "F" else BACKWARD, o.chunk, vpp)
+                r, g, b = _shade(KIND_COLOR[o.kind], o.chunk, vpp)
                 ax.text((o.start + o.end) / 2, o.stage - 0.08, text, ha="center", va="center", fontsize=6.5,
                         color="white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black", clip_on=True)
     ax.set_xlim(lo, hi)
@@ -118,6 +120,8 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
         _draw_schedule(overview, sched, p.pp, p.vpp, (0, sched.makespan_s), label=True)
     overview.set_xlabel("time [s]")
     name = f"interleaved 1F1B, vpp={p.vpp}" if p.vpp > 1 else "1F1B"
+    if p.schedule != "1f1b":
+        name = f"{p.schedule_name}" + (f", vpp={p.vpp}" if p.vpp > 1 else "")
     overview.set_title(f"{instance.name}: one iteration, {name}, {e.num_micro_batches} micro-batches, "
                        f"{p.sizes()}\nsimulated pipeline {sched.makespan_s:.3f} s vs "
                        f"estimate {predicted:.3f} s (compute + bubble + tp/cp + pp); afterwards exposed dp sync "
@@ -137,6 +141,9 @@ def schedule_gantt(instance, placement, estimate, path) -> Path:
     handles = [Patch(color=FORWARD, label="forward"), Patch(color=BACKWARD, label="backward"),
                Patch(color=P2P, label="p2p send into the stage"),
                Line2D([], [], color=CRITICAL, label="critical path")]
+    if p.schedule != "1f1b":
+        handles[1] = Patch(color=BACKWARD, label="backward (input gradient)")
+        handles.insert(2, Patch(color=WEIGHT, label="weight gradient (deferred)"))
     if p.vpp > 1:
         handles.append(Patch(color=_shade(FORWARD, 0, p.vpp), label="lighter = earlier model chunk"))
     if zoom:

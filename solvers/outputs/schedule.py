@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from formulation.physics import cost
+from formulation.physics import cost, pipeline_sim, schedule_orders
 
 
 @dataclass
 class Op:
     stage: int
-    kind: str  # "F" or "B"
+    kind: str  # "F", "B" (the input-gradient backward under zero bubble) or "W" (its deferred weight gradient)
     chunk: int  # model chunk (virtual stage = chunk x pp + stage)
     micro_batch: int
     start: float = 0.0
@@ -60,7 +60,10 @@ def wrap_time(instance, p) -> float:
 
 def simulate_schedule(instance, placement, estimate) -> Schedule:
     """Event simulation of one iteration: each stage runs its ops in Megatron's order; an op starts when its
-    stage is free and its input has arrived (the producing op's end plus the p2p send time of that link)."""
+    stage is free and its input has arrived (the producing op's end plus the p2p send time of that link).
+    A zero-bubble plan runs torch's order of its schedule (`simulate_zero_bubble`)."""
+    if placement.schedule != "1f1b":
+        return simulate_zero_bubble(instance, placement, estimate)
     p, m, vpp = placement, estimate.num_micro_batches, placement.vpp
     boundary = list(estimate.p2p_boundary_s)
     wrap = wrap_time(instance, p) if vpp > 1 else 0.0
@@ -114,6 +117,25 @@ def simulate_schedule(instance, placement, estimate) -> Schedule:
     everything = [op for q in queues for op in q]
     end = max(everything, key=lambda o: o.end)
     return Schedule(everything, end.end, _critical_path(end))
+
+
+def simulate_zero_bubble(instance, placement, estimate) -> Schedule:
+    """A zero-bubble plan's iteration (docs/schedules.md): torch's ZB-H1 / InterleavedZeroBubble order of each
+    rank (formulation/physics/schedule_orders.py) through the event simulation of formulation/physics/pipeline_sim.py,
+    each stage's backward split into its input gradient (drawn as B) and its weight gradient W."""
+    p, m, vpp = placement, estimate.num_micro_batches, placement.vpp
+    orders = {r: schedule_orders.looped(r, p.pp, m, vpp, zero_bubble=True) for r in range(p.pp)}
+    stages = estimate.stages
+    makespan, sim_ops = pipeline_sim.simulate(
+        orders, p.pp, vpp, "loop", [s.forward_s for s in stages], [s.input_grad_s for s in stages],
+        [s.weight_grad_s for s in stages], list(estimate.p2p_boundary_s), wrap_time(instance, p) if vpp > 1 else 0.0)
+    path = {id(o) for o in pipeline_sim.critical_path(sim_ops)}
+    ops = {id(o): Op(o.rank, "B" if o.kind == "I" else o.kind, o.stage // p.pp, o.micro_batch, o.start, o.end, o.comm,
+                     critical=id(o) in path) for o in sim_ops}
+    for o in sim_ops:
+        ops[id(o)].cause = ops[id(o.cause)] if o.cause is not None else None
+    critical = sorted((op for op in ops.values() if op.critical), key=lambda op: op.start)
+    return Schedule(list(ops.values()), makespan, critical)
 
 
 def _critical_path(end: Op) -> list[Op]:

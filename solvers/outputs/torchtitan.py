@@ -196,7 +196,7 @@ def _degrees(run: TorchtitanRun) -> list[tuple[str, object]]:
         pairs += [("expert_parallel_degree", p.ep), ("expert_tensor_parallel_degree", p.etp)]
     if p.pp > 1:
         pairs += [("pipeline_parallel_microbatch_size", p.micro_batch_size),
-                  ("pipeline_parallel_schedule", "Interleaved1F1B" if p.vpp > 1 else "1F1B")]
+                  ("pipeline_parallel_schedule", p.schedule_name)]  # 1F1B, Interleaved1F1B, InterleavedZeroBubble
     return pairs
 
 

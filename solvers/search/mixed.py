@@ -55,7 +55,8 @@ class ComposeResult(Tally):
 
 
 def configurations(instance, islands: list[Island]):
-    """Every configuration Megatron-LM can run whose stage fits in some island, for any pp up to the slots."""
+    """Every configuration Megatron-LM can run whose stage fits in some island, for any pp up to the slots; the
+    1F1B family only (the composition program encodes (C9); docs/schedules.md)."""
     model, job, cluster = instance.model, instance.training, instance.cluster
     largest = max(isl.num_gpus for isl in islands)
     node_max = max(isl.gpus_per_node for isl in islands)
@@ -72,7 +73,7 @@ def configurations(instance, islands: list[Island]):
                     continue
                 slots = sum(len(island_slots(isl, cluster, S, tp)) for isl in islands)
                 for pp in range(1, min(slots, model.num_layers) + 1):
-                    yield from schedules(instance, tp, pp, cp, dp)
+                    yield from (c for c in schedules(instance, tp, pp, cp, dp) if c.schedule == "1f1b")
 
 
 def time_lower_bound(instance, config: Config, tables, usable: list[int], counts: dict | None = None) -> float:
