@@ -23,7 +23,7 @@ from formulation import evaluate, load_instance
 from formulation.physics import cost
 from formulation.space import configurations, placement_for
 from solvers.bounds.configs import fast_bound
-from solvers.bounds.every_placement import every_placement_bound, typed_bound, work_floor
+from solvers.bounds.every_placement import every_placement_bound, typed_bound, work_floor, least_stage_sum
 from solvers.bounds.slowest import least_slowest_stage_any_order
 
 REPRO = Path(__file__).resolve().parent / "repro"
@@ -104,3 +104,34 @@ def test_least_slowest_stage_any_order_against_enumeration():
                         for order in itertools.permutations(us) for split in splits(layers, P, step)
                         if all(q <= c for q, c in zip(split, caps))), default=math.inf)
         assert least_slowest_stage_any_order(us, extras, caps, layers, step) == pytest.approx(expected)
+
+
+def test_least_slowest_stage_any_order_with_extras_per_stage_type_against_enumeration():
+    """The same with extras[i][j]: position i's extra when it holds the j-th time's stage (T prices the output
+    layer at the type of the stage in the last position)."""
+    rng = random.Random(6)
+    for _ in range(200):
+        P, step = rng.randint(1, 4), rng.choice([1, 2])
+        layers = step * rng.randint(P, 6)
+        us = [rng.choice([0.7, 1.0, rng.uniform(0.5, 3.0)]) for _ in range(P)]
+        extras = [[rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(P)] for _ in range(P)]
+        caps = [rng.randint(step, layers) for _ in range(P)]
+        expected = min((max(q * us[j] + extras[i][j] for i, (q, j) in enumerate(zip(split, order)))
+                        for order in itertools.permutations(range(P)) for split in splits(layers, P, step)
+                        if all(q <= c for q, c in zip(split, caps))), default=math.inf)
+        assert least_slowest_stage_any_order(us, extras, caps, layers, step) == pytest.approx(expected)
+
+
+def test_least_stage_sum_against_enumeration():
+    """T's stage sum at a level: the least sum_j l_j u_j over splits with every l_j u_j <= level and l_j <= cap,
+    against every split and every order (the stages' times are a multiset)."""
+    rng = random.Random(7)
+    for _ in range(300):
+        P, step = rng.randint(1, 4), rng.choice([1, 2])
+        layers = step * rng.randint(P, 6)
+        us = [rng.choice([0.7, 1.0, rng.uniform(0.5, 3.0)]) for _ in range(P)]
+        cap, level = rng.randint(step, layers), rng.uniform(0.5, 8.0)
+        expected = min((sum(q * u for q, u in zip(split, us)) for split in splits(layers, P, step)
+                        if all(q <= cap and q * u <= level * (1 + 1e-12) for q, u in zip(split, us))),
+                       default=math.inf)
+        assert least_stage_sum(us, level, cap, layers, step) == pytest.approx(expected)
