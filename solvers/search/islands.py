@@ -62,14 +62,7 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     goal = OBJECTIVES.get(objective)  # an unknown name is refused by compose_search
     backend = solver if solver in ("cbc", "cpsat") else backends.automatic()
     floors = configuration_floors(instance)  # B5 and the searches outside compositions go in work-floor order
-    early, early_done = 0.0, False
-    if goal is not None and goal.value_is_time and time_limit:
-        # (B5) first, with a share of the budget: it needs no plan (its loop stops where the work floor reaches the
-        # least bound found), and a composition search that spends the whole limit would otherwise leave it cut
-        # short at the next work floor (a100_h100_64 at 60 s: 16.7 s instead of 20.2 s)
-        early = every_placement_bound(instance, lambda config, time_s: time_s, INF,
-                                      start + B5_SHARE * time_limit, floors)
-        early_done = time.perf_counter() <= start + B5_SHARE * time_limit  # else cut at the next work floor
+    early = _early_bound(instance, goal, start, time_limit, floors)
     try:
         found = compose_search(instance, solver=backend, objective=objective,
                                required_tokens_per_s=required_tokens_per_s,
@@ -97,11 +90,9 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     if proven:
         raw_bound = plan_value
     else:
-        raw_bound = early if early_done else max(early, _every_placement_bound(
+        raw_bound = early[0] if early[1] else max(early[0], _every_placement_bound(
             instance, goal, plan_value, required_tokens_per_s, start, time_limit, floors))
-        if enumerated is not None:
-            raw_bound = max(raw_bound, enumerated.bound)
-        raw_bound = min(plan_value, raw_bound)
+        raw_bound = min(plan_value, max(raw_bound, enumerated.bound if enumerated is not None else 0.0))
     gap_fraction, status = closing_status(plan_value, raw_bound, None if proven else found.stopped)
     value, bound = goal.reported(best.value, raw_bound, best.placement)
     islands = island_report(instance, best.placement, found.islands, objective)
@@ -122,6 +113,17 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                       alternatives=[(o.placement, o.estimate) for o in found.ranked[1:]],
                       examined=found.solved, fitting=len(found.ranked), history=found.history, default=default)
+
+
+def _early_bound(instance, goal, start: float, time_limit: float | None, floors: list) -> tuple[float, bool]:
+    """(B5) before the composition search, with a share of a time limit (time objective): (bound, whether it
+    finished). It needs no plan (its loop stops where the work floor reaches the least bound found), and a
+    composition search that spends the whole limit would otherwise leave it cut short at the next work floor
+    (a100_h100_64 at 60 s: 16.7 s instead of 20.2 s). (0, False) where it is left to the end."""
+    if goal is None or not goal.value_is_time or not time_limit:
+        return 0.0, False
+    bound = every_placement_bound(instance, lambda config, time_s: time_s, INF, start + B5_SHARE * time_limit, floors)
+    return bound, time.perf_counter() <= start + B5_SHARE * time_limit  # else cut at the next work floor
 
 
 def _plan_outside(instance, goal, composed: float, type_blind, deadline: float, floors: list):
