@@ -63,7 +63,7 @@ from formulation.evaluate import type_pace
 from formulation.physics import cost, moe_cost
 from formulation.physics.stage import stage_constants
 from formulation.placement import even_split
-from formulation.space import Config, configurations, placement_for
+from formulation.space import Config, configurations, partition_fits, placement_for
 
 from solvers.bounds.kinds import least_optimizer_step
 from solvers.bounds.parts import best_group_time, node_links, stage_parts
@@ -77,11 +77,16 @@ def _stage_floors(instance, p, world: int, of_type: dict, *also: dict) -> list:
     slowest member's (a stage runs at its slowest member's type, by evaluate._slowest_type's key; a figure need
     not follow that key, hence the least over the slower types): sorted, as the module docstring compares them.
     With `also` (more figures per type), tuples: each stage's figure of `of_type` and of each of `also`, sorted
-    by the first."""
+    by the first; a figure that is a tuple (memory caps per position) is the most over the slower types."""
     cluster, model, job = instance.cluster, instance.model, instance.training
     key = {name: type_pace(model, job, p, g) for name, g in cluster.gpu_types.items()}
-    floors = [{name: min(figure[o] for o in key if key[o] >= key[name]) for name in key}
-              for figure in (of_type, *also)]
+    def floor(figure):
+        slower = {name: [figure[o] for o in key if key[o] >= key[name]] for name in key}
+        if isinstance(figure[next(iter(key))], tuple):  # memory caps per position: the most over the slower types
+            return {name: tuple(max(c) for c in zip(*values)) for name, values in slower.items()}
+        return {name: min(values) for name, values in slower.items()}
+
+    floors = [floor(figure) for figure in (of_type, *also)]
     fastest = sorted((key[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]
     size = world // p.pp
     stages = sorted(tuple(floor[name] for floor in floors) for _, name in fastest[size - 1::size])
@@ -114,18 +119,24 @@ def typed_bound(instance, config: Config) -> float:
     world, P, v, L = b.placement.world_size, config.pp, config.vpp, instance.model.num_layers
     at_type = {g.name: replace(b, gpu_type=g, _constants={}) for g in types}
     output = {g.name: 3 * stage_constants(instance, b.placement, P - 1, g).output_fwd for g in types}
+    # a stage holds a GPU of the type it runs at, and must fit in that GPU (evaluate._stage_memory: every type)
+    # (at the largest memory, B1's caps; a type with less memory its own)
+    most = max(g.memory_gib for g in types)
+    room = {g.name: tuple(b.caps) if g.memory_gib >= most else tuple(partition_fits(instance, config, g)[1])
+            for g in types}
     stages = _stage_floors(instance, b.placement, world, {name: at.unit(*_type_groups(instance, b, name))
-                                                          for name, at in at_type.items()}, output)
-    us = [unit for unit, _ in stages]
+                                                          for name, at in at_type.items()}, output, room)
+    us = [unit for unit, _, _ in stages]
     u = us[0]
     # the last stage's output layer (forward + 2x backward) at the type where it is cheapest
     extras = [0.0] * (P - 1) + [min(output.values())]
     if b.kinds is None:  # the slowest stage over every order of the stages' types, each position its cap and extra
         # (the output layer at the type of the stage that holds the last position)
         at_last = np.zeros((P, P))
-        at_last[P - 1, :] = [out for _, out in stages]
-        M = least_slowest_stage_any_order(us, at_last, b.caps, L, v)
-        pipe = _pipeline_at_levels(b, us, M, min(max(b.caps), L), sum(extras))
+        at_last[P - 1, :] = [out for _, out, _ in stages]
+        caps = np.array([c for _, _, c in stages]).T  # caps[i][j]: position i holding stage j
+        M = least_slowest_stage_any_order(us, at_last, caps, L, v)
+        pipe = _pipeline_at_levels(b, us, M, [min(max(c), L) for _, _, c in stages], sum(extras))
     else:  # (E1) two levels: the stages off the fastest unit at the least of theirs
         slow = [x for x in us if x > u]
         pipe = replace(b, u=u, extras=extras).pipeline_any(len(slow), min(slow, default=u))
@@ -136,12 +147,13 @@ def typed_bound(instance, config: Config) -> float:
     return pipe + b.chain() + dp + fixed + overhead
 
 
-def least_stage_sum(us: list[float], level: float, cap: int, layers: int, step: int) -> float:
+def least_stage_sum(us: list[float], level: float, cap, layers: int, step: int) -> float:
     """The least sum of stage times l_j u_j when every stage holds at least `step` layers, at most `cap` and at
     most what its time allows at `level` (l_j u_j <= level), in whole chunks: the fastest stages filled first
     (a lower bound on sum_j t_j of any partition whose slowest stage is at most `level`). INF where they
     cannot hold `layers`."""
-    room = [min(cap, int(level / x * (1 + 1e-12) + 1e-9)) // step * step for x in us]
+    caps = cap if isinstance(cap, list) else [cap] * len(us)  # one cap, or each stage its own
+    room = [min(c, int(level / x * (1 + 1e-12) + 1e-9)) // step * step for x, c in zip(us, caps)]
     if any(r < step for r in room) or sum(room) < layers:
         return INF
     left, total = layers - step * len(us), sum(us) * step
@@ -151,14 +163,14 @@ def least_stage_sum(us: list[float], level: float, cap: int, layers: int, step: 
     return total
 
 
-def _pipeline_at_levels(b, us: list[float], M: float, cap: int, extra: float) -> float:
+def _pipeline_at_levels(b, us: list[float], M: float, cap: list[int], extra: float) -> float:
     """(C9) m tau + (sum_j t_j - tau) / vpp over the slowest stage's time tau >= M, the stage sum at least its
     least at that level (`least_stage_sum`, plus the output layer's least): the sum falls as tau grows only
     where some stage can take one more chunk, so the least lies at M or at such a step."""
     L, v = b.instance.model.num_layers, b.config.vpp
     if M == INF:
         return INF
-    steps = sorted({k * x for x in set(us) for k in range(v, cap + 1, v) if k * x > M})
+    steps = sorted({k * x for x, c in zip(us, cap) for k in range(v, c + 1, v) if k * x > M})
     best = INF
     for tau in [M] + steps:
         if b.m * tau >= best:
