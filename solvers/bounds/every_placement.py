@@ -110,9 +110,10 @@ def work_floor(instance, config: Config) -> float:
     return pipe + min(g.iteration_overhead_s for g in cluster.gpu_types.values())
 
 
-def typed_bound(instance, config: Config) -> float:
+def typed_bound(instance, config: Config, refine_below: float = 0.0) -> float:
     """T(c): (C9)-(C14) at the best links, each stage priced at the layer time of the GPU type it must run at
-    when the world's fastest GPUs are taken in stages in speed order (module docstring)."""
+    when the world's fastest GPUs are taken in stages in speed order (module docstring). Where it comes out
+    below `refine_below`, the stage sum is also taken with the positions' caps and extras (`placed_sum`)."""
     cluster = instance.cluster
     types = list(cluster.gpu_types.values())
     b = stage_parts(instance, config)
@@ -137,6 +138,10 @@ def typed_bound(instance, config: Config) -> float:
         caps = np.array([c for _, _, c in stages]).T  # caps[i][j]: position i holding stage j
         M = least_slowest_stage_any_order(us, at_last, caps, L, v)
         pipe = _pipeline_at_levels(b, us, M, [min(max(c), L) for _, _, c in stages], sum(extras))
+        rest = b.chain() + min(at.dp_floor() for at in at_type.values()) + min(
+            least_optimizer_step(instance, b.placement, g) for g in types) + min(g.iteration_overhead_s for g in types)
+        if pipe + rest < refine_below:
+            return max(pipe, placed_pipeline(b, us, at_last, caps, M)) + rest
     else:  # (E1) two levels: the stages off the fastest unit at the least of theirs
         slow = [x for x in us if x > u]
         pipe = replace(b, u=u, extras=extras).pipeline_any(len(slow), min(slow, default=u))
@@ -178,6 +183,79 @@ def _pipeline_at_levels(b, us: list[float], M: float, cap: list[int], extra: flo
         total = least_stage_sum(us, tau, cap, L, v)
         if total < INF:
             best = min(best, b.schedule(tau, total + extra))
+    return best
+
+
+def placed_sum(us: list[float], extras: np.ndarray, caps: np.ndarray, level: float, layers: int,
+               step: int) -> float:
+    """The least stage sum sum_i (l_i u_s(i) + extras[i][s(i)]) over assignments s of the stages to positions
+    (stages of one kind alike) and layer counts with every stage at most `level`, l_i <= caps[i][s(i)], l_i >= step,
+    sum l_i = layers: the linear relaxation of that assignment (a lower bound; INF if even it is infeasible)."""
+    from scipy.optimize import linprog  # here: scipy.optimize takes 0.6 s to import
+
+    P = len(us)
+    kinds: dict[tuple, list[int]] = {}
+    for j in range(P):
+        kinds.setdefault((us[j], tuple(extras[:, j]), tuple(caps[:, j])), []).append(j)
+    K = list(kinds)
+    n = len(K)
+    # variables: y[i, k] (fraction of position i given to kind k), then x[i, k] (its layers)
+    y = lambda i, k: i * n + k  # noqa: E731
+    x = lambda i, k: P * n + i * n + k  # noqa: E731
+    cost, bounds = np.zeros(2 * P * n), [(0.0, 1.0)] * (P * n) + [(0.0, None)] * (P * n)
+    a_eq, b_eq, a_ub = [], [], []
+    for i in range(P):
+        row = np.zeros(2 * P * n)
+        for k, (u, e, c) in enumerate(K):
+            room = min(c[i], int((level * (1 + 1e-12) - e[i]) / u + 1e-9)) // step * step
+            if room < step:
+                bounds[y(i, k)] = (0.0, 0.0)
+            cost[y(i, k)], cost[x(i, k)] = e[i], u
+            row[y(i, k)] = 1.0
+            for sign, limit in ((1.0, max(room, 0)), (-1.0, step)):  # step y <= x <= room y
+                r = np.zeros(2 * P * n)
+                r[x(i, k)], r[y(i, k)] = sign, -sign * limit
+                a_ub.append(r)
+        a_eq.append(row)
+        b_eq.append(1.0)
+    for k, members in enumerate(kinds.values()):
+        row = np.zeros(2 * P * n)
+        row[[y(i, k) for i in range(P)]] = 1.0
+        a_eq.append(row)
+        b_eq.append(float(len(members)))
+    row = np.zeros(2 * P * n)
+    row[P * n:] = 1.0
+    a_eq.append(row)
+    b_eq.append(float(layers))
+    out = linprog(cost, A_ub=np.array(a_ub), b_ub=np.zeros(len(a_ub)), A_eq=np.array(a_eq), b_eq=np.array(b_eq),
+                  bounds=bounds, method="highs")
+    return float(out.fun) * (1 - 1e-9) if out.status == 0 else INF
+
+
+def placed_pipeline(b, us: list[float], extras: np.ndarray, caps: np.ndarray, M: float) -> float:
+    """(C9) m tau + (sum - tau) / vpp over the slowest stage's time tau >= M with the stage sum at least
+    `placed_sum` at that level: it falls only where some (position, stage) pair can take one more chunk, so the
+    least lies at M or at such a step; levels whose m tau alone reaches the least found are not tried."""
+    L, v = b.instance.model.num_layers, b.config.vpp
+    if M == INF:
+        return INF
+    P = len(us)
+    kinds = {j: None for j in range(P)}
+    seen = set()
+    for j in range(P):  # one stage of each kind
+        key = (us[j], tuple(extras[:, j]), tuple(caps[:, j]))
+        kinds[j], seen = key not in seen, seen | {key}
+    steps = sorted({q * us[j] + float(extras[i, j]) for j in range(P) if kinds[j] for i in range(P)
+                    for q in range(v, int(min(caps[i, j], L)) + 1, v)} | {M})
+    best = INF
+    for tau in steps:
+        if tau < M:
+            continue
+        if b.m * tau >= best:
+            break
+        total = placed_sum(us, extras, caps, tau, L, v)
+        if total < INF:
+            best = min(best, b.schedule(tau, total))
     return best
 
 
@@ -228,7 +306,8 @@ def configuration_floors(instance) -> list[tuple[float, int, Config]]:
     return sorted(((work_floor(instance, c), k, c) for k, c in enumerate(every)), key=lambda item: item[:2])
 
 
-def every_placement_bound(instance, value, cap: float, deadline: float = INF, floors: list | None = None) -> float:
+def every_placement_bound(instance, value, cap: float, deadline: float = INF, floors: list | None = None,
+                          refine: bool = True) -> float:
     """B5 in the objective's unit, at most `cap` (the plan's own value: a bound that reaches it proves the plan
     optimal). `value(config, time_s)`: the objective's lower bound for a plan of `config` taking at least
     `time_s` (INF where no such plan can count, e.g. one too slow for a required throughput). `floors`:
@@ -241,5 +320,6 @@ def every_placement_bound(instance, value, cap: float, deadline: float = INF, fl
             break
         if time.perf_counter() > deadline:
             return floor  # every configuration left is at least its floor, and they come in that order
-        best = min(best, value(config, max(typed_bound(instance, config), w)))
+        # (the value in seconds: where it is in another unit, T is not refined)
+        best = min(best, value(config, max(typed_bound(instance, config, refine_below=best if refine else 0.0), w)))
     return best

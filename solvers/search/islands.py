@@ -173,7 +173,8 @@ def _every_placement_bound(instance, goal, plan_value: float, required_tokens_pe
         world = config.tp * config.cp * config.dp * config.pp
         return goal.of_time(time_s, instance, world, world * cheapest, max_time)
 
-    return every_placement_bound(instance, value, plan_value, start + time_limit if time_limit else INF, floors)
+    return every_placement_bound(instance, value, plan_value, start + time_limit if time_limit else INF, floors,
+                                 refine=goal.value_is_time)
 
 
 def _default_in_time(instance, default, method: str, why: str, start: float, seed: int) -> PlanResult:
