@@ -110,10 +110,12 @@ def work_floor(instance, config: Config) -> float:
     return pipe + min(g.iteration_overhead_s for g in cluster.gpu_types.values())
 
 
-def typed_bound(instance, config: Config, refine_below: float = 0.0) -> float:
+def typed_bound(instance, config: Config, refine_below: float = 0.0, enough: float = INF) -> float:
     """T(c): (C9)-(C14) at the best links, each stage priced at the layer time of the GPU type it must run at
     when the world's fastest GPUs are taken in stages in speed order (module docstring). Where it comes out
-    below `refine_below`, the stage sum is also taken with the positions' caps and extras (`placed_sum`)."""
+    below `refine_below`, the stage sum is also taken with the positions' caps and extras (`placed_sum`). Where
+    the pipeline, chain and overhead alone reach `enough`, their sum is returned (a lower bound that is enough
+    for the caller) without the dp exposure and optimizer step, the costliest pieces."""
     cluster = instance.cluster
     types = list(cluster.gpu_types.values())
     b = stage_parts(instance, config)
@@ -121,9 +123,10 @@ def typed_bound(instance, config: Config, refine_below: float = 0.0) -> float:
     at_type = {g.name: replace(b, gpu_type=g, _constants={}) for g in types}
     output = {g.name: 3 * stage_constants(instance, b.placement, P - 1, g).output_fwd for g in types}
     # a stage holds a GPU of the type it runs at, and must fit in that GPU (evaluate._stage_memory: every type)
-    # (at the largest memory, B1's caps; a type with less memory its own)
+    # (at the largest memory, B1's caps, also for a type within 10 % of it, where its own would cost a memory model
+    # per stage and config for little; a type with less memory its own)
     most = max(g.memory_gib for g in types)
-    room = {g.name: tuple(b.caps) if g.memory_gib >= most else tuple(partition_fits(instance, config, g)[1])
+    room = {g.name: tuple(b.caps) if g.memory_gib >= 0.9 * most else tuple(partition_fits(instance, config, g)[1])
             for g in types}
     stages = _stage_floors(instance, b.placement, world, {name: at.unit(*_type_groups(instance, b, name))
                                                           for name, at in at_type.items()}, output, room)
@@ -138,6 +141,8 @@ def typed_bound(instance, config: Config, refine_below: float = 0.0) -> float:
         caps = np.array([c for _, _, c in stages]).T  # caps[i][j]: position i holding stage j
         M = least_slowest_stage_any_order(us, at_last, caps, L, v)
         pipe = _pipeline_at_levels(b, us, M, [min(max(c), L) for _, _, c in stages], sum(extras))
+        if pipe + b.chain() + min(g.iteration_overhead_s for g in types) >= enough:
+            return pipe + b.chain() + min(g.iteration_overhead_s for g in types)
         rest = b.chain() + min(at.dp_floor() for at in at_type.values()) + min(
             least_optimizer_step(instance, b.placement, g) for g in types) + min(g.iteration_overhead_s for g in types)
         if pipe + rest < refine_below:
@@ -321,5 +326,6 @@ def every_placement_bound(instance, value, cap: float, deadline: float = INF, fl
         if time.perf_counter() > deadline:
             return floor  # every configuration left is at least its floor, and they come in that order
         # (the value in seconds: where it is in another unit, T is not refined)
-        best = min(best, value(config, max(typed_bound(instance, config, refine_below=best if refine else 0.0), w)))
+        at = best if refine else 0.0
+        best = min(best, value(config, max(typed_bound(instance, config, at, best if refine else INF), w)))
     return best

@@ -19,7 +19,6 @@ from solvers.search.exhaustive import enumerate_placements
 from solvers.search.fastest_first import fastest_first
 
 UNITS = {name: objective.unit for name, objective in OBJECTIVES.items()}
-B5_SHARE = 0.4  # of a time limit, kept for (B5) after the composition search
 
 
 def island_report(instance, placement, islands, objective: str = "time") -> list[dict]:
@@ -61,12 +60,10 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     start = time.perf_counter()
     goal = OBJECTIVES.get(objective)  # an unknown name is refused by compose_search
     backend = solver if solver in ("cbc", "cpsat") else backends.automatic()
-    floors = configuration_floors(instance)  # B5 and the searches outside compositions go in work-floor order
-    try:  # the composition search leaves (B5) its share of a time limit
+    try:
         found = compose_search(instance, solver=backend, objective=objective,
-                               required_tokens_per_s=required_tokens_per_s,
-                               time_limit_s=_compose_share(goal, start, time_limit),
-                               threads=threads, seed=seed, top=top, progress=progress)
+                               required_tokens_per_s=required_tokens_per_s, time_limit_s=time_limit, threads=threads,
+                               seed=seed, top=top, progress=progress)
     except NoPlanInTime as exc:
         default = _type_blind_default(instance) if goal.value_is_time else None
         if default is None:
@@ -74,6 +71,7 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
         return _default_in_time(instance, default, f"islands-{backend}", str(exc), start, seed)
     best = found.ranked[0]
     default = _type_blind_default(instance)
+    floors = configuration_floors(instance)  # B5 and the searches outside compositions go in work-floor order
     deadline = start + time_limit if time_limit else INF
     outside = _plan_outside(instance, goal, best.value, default, deadline, floors)
     plan_value = outside[0][1].iteration_time_s if outside else best.value
@@ -112,18 +110,6 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
     return PlanResult(placement=best.placement, estimate=best.estimate, solver=report,
                       alternatives=[(o.placement, o.estimate) for o in found.ranked[1:]],
                       examined=found.solved, fitting=len(found.ranked), history=found.history, default=default)
-
-
-def _compose_share(goal, start: float, time_limit: float | None) -> float | None:
-    """The composition search's time limit: what is left of the limit less (B5)'s share (time objective), so that
-    a search which spends its whole limit does not leave B5 cut short at the next work floor (a100_h100_64 at
-    60 s: 16.7 s instead of 20.2 s)."""
-    if not time_limit:
-        return None
-    left = time_limit - (time.perf_counter() - start)
-    if goal is None or not goal.value_is_time:
-        return left
-    return max(left - B5_SHARE * time_limit, left / 4, 1e-3)
 
 
 def _plan_outside(instance, goal, composed: float, type_blind, deadline: float, floors: list):
