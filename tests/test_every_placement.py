@@ -16,6 +16,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_bounds import splits
 
@@ -23,7 +24,8 @@ from formulation import evaluate, load_instance
 from formulation.physics import cost
 from formulation.space import configurations, placement_for
 from solvers.bounds.configs import fast_bound
-from solvers.bounds.every_placement import every_placement_bound, typed_bound, work_floor
+from solvers.bounds.every_placement import (every_placement_bound, least_stage_sum, placed_sum, typed_bound,
+                                             work_floor)
 from solvers.bounds.slowest import least_slowest_stage_any_order
 
 REPRO = Path(__file__).resolve().parent / "repro"
@@ -104,3 +106,58 @@ def test_least_slowest_stage_any_order_against_enumeration():
                         for order in itertools.permutations(us) for split in splits(layers, P, step)
                         if all(q <= c for q, c in zip(split, caps))), default=math.inf)
         assert least_slowest_stage_any_order(us, extras, caps, layers, step) == pytest.approx(expected)
+
+
+def test_least_slowest_stage_any_order_with_extras_per_stage_type_against_enumeration():
+    """The same with extras[i][j]: position i's extra when it holds the j-th time's stage (T prices the output
+    layer at the type of the stage in the last position)."""
+    rng = random.Random(6)
+    for _ in range(200):
+        P, step = rng.randint(1, 4), rng.choice([1, 2])
+        layers = step * rng.randint(P, 6)
+        us = [rng.choice([0.7, 1.0, rng.uniform(0.5, 3.0)]) for _ in range(P)]
+        extras = [[rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(P)] for _ in range(P)]
+        caps = [rng.randint(step, layers) for _ in range(P)]
+        expected = min((max(q * us[j] + extras[i][j] for i, (q, j) in enumerate(zip(split, order)))
+                        for order in itertools.permutations(range(P)) for split in splits(layers, P, step)
+                        if all(q <= c for q, c in zip(split, caps))), default=math.inf)
+        assert least_slowest_stage_any_order(us, extras, caps, layers, step) == pytest.approx(expected)
+
+
+def test_least_stage_sum_against_enumeration():
+    """T's stage sum at a level: the least sum_j l_j u_j over splits with every l_j u_j <= level and l_j <= cap,
+    against every split and every order (the stages' times are a multiset)."""
+    rng = random.Random(7)
+    for _ in range(300):
+        P, step = rng.randint(1, 4), rng.choice([1, 2])
+        layers = step * rng.randint(P, 6)
+        us = [rng.choice([0.7, 1.0, rng.uniform(0.5, 3.0)]) for _ in range(P)]
+        cap, level = rng.randint(step, layers), rng.uniform(0.5, 8.0)
+        expected = min((sum(q * u for q, u in zip(split, us)) for split in splits(layers, P, step)
+                        if all(q <= cap and q * u <= level * (1 + 1e-12) for q, u in zip(split, us))),
+                       default=math.inf)
+        assert least_stage_sum(us, level, cap, layers, step) == pytest.approx(expected)
+
+
+def test_placed_stage_sum_lies_between_the_unplaced_sum_and_enumeration():
+    """T's refined stage sum (a linear relaxation of assigning stages to positions with their caps and extras) is
+    at most the least sum of every order and split under the level, and at least the sum that ignores the
+    positions (`least_stage_sum`)."""
+    rng = random.Random(8)
+    for _ in range(150):
+        P, step = rng.randint(1, 4), rng.choice([1, 2])
+        layers = step * rng.randint(P, 6)
+        us = [rng.choice([0.7, 1.0, rng.uniform(0.5, 3.0)]) for _ in range(P)]
+        extras = np.zeros((P, P))
+        extras[P - 1, :] = [rng.uniform(0, 2) for _ in range(P)]
+        caps = np.array([[rng.randint(step, layers) for _ in range(P)] for _ in range(P)])
+        level = rng.uniform(1.0, 10.0)
+        exact = min((sum(q * us[j] + extras[i, j] for i, (q, j) in enumerate(zip(split, order)))
+                     for order in itertools.permutations(range(P)) for split in splits(layers, P, step)
+                     if all(q <= caps[i, j] and q * us[j] + extras[i, j] <= level
+                            for i, (q, j) in enumerate(zip(split, order)))), default=math.inf)
+        relaxed = placed_sum(us, extras, caps, level, layers, step)
+        assert relaxed <= exact * (1 + 1e-9)
+        loose = least_stage_sum(us, level, [int(caps[:, j].max()) for j in range(P)], layers, step)
+        if relaxed < math.inf:
+            assert relaxed >= (loose + extras[P - 1].min()) * (1 - 1e-8)

@@ -277,3 +277,19 @@ def test_a_budget_too_short_for_any_program_returns_the_default_without_a_bound(
     assert plan.estimate.fits
     with pytest.raises(NoPlanInTime):
         solve(instance, time_limit=1.0, objective="cost")
+
+
+def test_islands_composed_baseline_fits_and_is_no_faster_than_the_plan():
+    """`solve bench --mixed`'s islands approach (per-island slices composed, layers by peak compute): a fitting
+    plan scored by the evaluator, never faster than the planner's plan, which the enumeration of this 6-GPU
+    cluster proves optimal over every placement."""
+    from formulation import load_instance
+    from solvers import solve
+    from solvers.validation.islands_composed import islands_composed
+
+    instance = load_instance(REPO / "tests" / "repro" / "mixed_types_mixed2.json")
+    placement, estimate = islands_composed(instance)
+    assert estimate.fits and estimate.iteration_time_s == evaluate(instance, placement).iteration_time_s
+    result = solve(instance)
+    assert result.solver.status == "optimal"
+    assert result.estimate.iteration_time_s <= estimate.iteration_time_s * (1 + 1e-9)

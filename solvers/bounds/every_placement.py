@@ -34,20 +34,23 @@ since no later configuration can go below it. A deadline stops it early; the bou
 values found and the next configuration's W, still valid.
 
 T, the typed bound. W prices compute alone. T prices each of the grouping's stages at the whole layer time
-(compute and the best groups' communication, as B1) of its type, and takes the least slowest stage over every
-order of those times along the pipeline (an assignment problem per level: `least_slowest_stage_any_order`),
-each position with its own memory cap (at the largest memory) and the last its output layer (at the type where
-it is cheapest). It adds B1's send/receive chain at the fastest pair and, over the GPU types, the least dp
-exposure (a slower type hides more of the dp sync behind its longer backward), optimizer step and overhead.
-With dense and MoE layers the stages off the fastest type are priced at the least of theirs
-(`Parts.pipeline_any`). A type's figure is the least over the types no faster than it by the evaluator's key,
-so that a figure which does not follow the key stays a floor.
+(compute and the best groups' communication) of its type, and takes the least slowest stage over every order of
+those times along the pipeline (an assignment problem per level: `least_slowest_stage_any_order`), each position
+with its own memory cap (at the largest memory) and the last its output layer, at the type of the stage that
+holds it. A stage of a type holds a GPU of that type, and so does one of its tp groups (and one ZeRO-3 dp x cp
+group): that group is inside a node of the type or leaves one, so its links are at best the type's (`type_links`),
+not the cluster's fastest. The stage sum is taken with the slowest stage: at a level tau every stage holds at
+most tau / u_j layers, so the least sum fills the fastest stages first (`least_stage_sum`), and the schedule
+(C9) is least over tau at M or where the sum steps down (`_pipeline_at_levels`). It adds B1's send/receive chain
+at the fastest pair and, over the GPU types, the least dp exposure (a slower type hides more of the dp sync
+behind its longer backward), optimizer step and overhead. With dense and MoE layers the stages off the fastest
+type are priced at the least of theirs (`Parts.pipeline_any`). A type's figure is the least over the types no
+faster than it by the evaluator's key, so that a figure which does not follow the key stays a floor.
 
 Measured: on 206 random 4-8-GPU clusters (one or several types, uneven nodes, one-way links, MoE) B5 never
-exceeded the brute-force minimum over tp-in-node placements of any world size (median 0.992 of it, as with
-B1 and W alone: there the types' layer times weigh little; docs/independent_check/check_b5.py). On
-a100_h100_64 it is 20.20 s against the plan's 21.24 s (16.15 s before T), on mixed_256 20.95 s against
-23.01 s (17.06 s)."""
+exceeds the brute-force minimum over tp-in-node placements of any world size (docs/independent_check/check_b5.py),
+nor on the 32 clusters of tests/test_mixed_brute_force.py. What each piece adds on the shipped instances is in
+docs/mixed-gpu-types.md."""
 
 from __future__ import annotations
 
@@ -57,28 +60,37 @@ from dataclasses import replace
 import numpy as np
 
 from formulation.evaluate import type_pace
-from formulation.physics import moe_cost
+from formulation.physics import cost, moe_cost
 from formulation.physics.stage import stage_constants
 from formulation.placement import even_split
-from formulation.space import Config, configurations, placement_for
+from formulation.space import Config, configurations, partition_fits, placement_for
 
 from solvers.bounds.kinds import least_optimizer_step
-from solvers.bounds.parts import stage_parts
+from solvers.bounds.parts import best_group_time, node_links, stage_parts
 from solvers.bounds.slowest import least_slowest_stage_any_order
 
 INF = float("inf")
 
 
-def _stage_floors(instance, p, world: int, of_type: dict) -> list[float]:
+def _stage_floors(instance, p, world: int, of_type: dict, *also: dict) -> list:
     """The speed-order grouping's stages, each at `of_type`'s least figure over the GPU types no faster than its
     slowest member's (a stage runs at its slowest member's type, by evaluate._slowest_type's key; a figure need
-    not follow that key, hence the least over the slower types): sorted, as the module docstring compares them."""
+    not follow that key, hence the least over the slower types): sorted, as the module docstring compares them.
+    With `also` (more figures per type), tuples: each stage's figure of `of_type` and of each of `also`, sorted
+    by the first; a figure that is a tuple (memory caps per position) is the most over the slower types."""
     cluster, model, job = instance.cluster, instance.model, instance.training
     key = {name: type_pace(model, job, p, g) for name, g in cluster.gpu_types.items()}
-    floor = {name: min(of_type[o] for o in key if key[o] >= key[name]) for name in key}
+    def floor(figure):
+        slower = {name: [figure[o] for o in key if key[o] >= key[name]] for name in key}
+        if isinstance(figure[next(iter(key))], tuple):  # memory caps per position: the most over the slower types
+            return {name: tuple(max(c) for c in zip(*values)) for name, values in slower.items()}
+        return {name: min(values) for name, values in slower.items()}
+
+    floors = [floor(figure) for figure in (of_type, *also)]
     fastest = sorted((key[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]
     size = world // p.pp
-    return sorted(floor[name] for _, name in fastest[size - 1::size])
+    stages = sorted(tuple(floor[name] for floor in floors) for _, name in fastest[size - 1::size])
+    return stages if also else [s[0] for s in stages]
 
 
 def work_floor(instance, config: Config) -> float:
@@ -99,23 +111,43 @@ def work_floor(instance, config: Config) -> float:
     return pipe + min(g.iteration_overhead_s for g in cluster.gpu_types.values())
 
 
-def typed_bound(instance, config: Config) -> float:
+def typed_bound(instance, config: Config, refine_below: float = 0.0, enough: float = INF) -> float:
     """T(c): (C9)-(C14) at the best links, each stage priced at the layer time of the GPU type it must run at
-    when the world's fastest GPUs are taken in stages in speed order (module docstring)."""
+    when the world's fastest GPUs are taken in stages in speed order (module docstring). Where it comes out
+    below `refine_below`, the stage sum is also taken with the positions' caps and extras (`placed_sum`). Where
+    the pipeline, chain and overhead alone reach `enough`, their sum is returned (a lower bound that is enough
+    for the caller) without the dp exposure and optimizer step, the costliest pieces."""
     cluster = instance.cluster
     types = list(cluster.gpu_types.values())
     b = stage_parts(instance, config)
     world, P, v, L = b.placement.world_size, config.pp, config.vpp, instance.model.num_layers
     at_type = {g.name: replace(b, gpu_type=g, _constants={}) for g in types}
-    us = _stage_floors(instance, b.placement, world, {name: at.unit(b.tp, b.cp, b.ag, b.rs)
-                                                      for name, at in at_type.items()})
+    output = {g.name: 3 * stage_constants(instance, b.placement, P - 1, g).output_fwd for g in types}
+    # a stage holds a GPU of the type it runs at, and must fit in that GPU (evaluate._stage_memory: every type)
+    # (at the largest memory, B1's caps, also for a type within 10 % of it, where its own would cost a memory model
+    # per stage and config for little; a type with less memory its own)
+    most = max(g.memory_gib for g in types)
+    room = {g.name: tuple(b.caps) if g.memory_gib >= 0.9 * most else tuple(partition_fits(instance, config, g)[1])
+            for g in types}
+    stages = _stage_floors(instance, b.placement, world, {name: at.unit(*_type_groups(instance, b, name))
+                                                          for name, at in at_type.items()}, output, room)
+    us = [unit for unit, _, _ in stages]
     u = us[0]
     # the last stage's output layer (forward + 2x backward) at the type where it is cheapest
-    extras = [0.0] * (P - 1) + [min(3 * stage_constants(instance, b.placement, P - 1, g).output_fwd for g in types)]
+    extras = [0.0] * (P - 1) + [min(output.values())]
     if b.kinds is None:  # the slowest stage over every order of the stages' types, each position its cap and extra
-        M = least_slowest_stage_any_order(us, extras, b.caps, L, v)
-        S = u * L + sum(extras) + sum(x - u for x in us) * v  # each stage holds at least v layers
-        pipe = b.schedule(M, S)
+        # (the output layer at the type of the stage that holds the last position)
+        at_last = np.zeros((P, P))
+        at_last[P - 1, :] = [out for _, out, _ in stages]
+        caps = np.array([c for _, _, c in stages]).T  # caps[i][j]: position i holding stage j
+        M = least_slowest_stage_any_order(us, at_last, caps, L, v)
+        pipe = _pipeline_at_levels(b, us, M, [min(max(c), L) for _, _, c in stages], sum(extras))
+        if pipe + b.chain() + min(g.iteration_overhead_s for g in types) >= enough:
+            return pipe + b.chain() + min(g.iteration_overhead_s for g in types)
+        rest = b.chain() + min(at.dp_floor() for at in at_type.values()) + min(
+            least_optimizer_step(instance, b.placement, g) for g in types) + min(g.iteration_overhead_s for g in types)
+        if pipe + rest < refine_below:
+            return max(pipe, placed_pipeline(b, us, at_last, caps, M)) + rest
     else:  # (E1) two levels: the stages off the fastest unit at the least of theirs
         slow = [x for x in us if x > u]
         pipe = replace(b, u=u, extras=extras).pipeline_any(len(slow), min(slow, default=u))
@@ -126,6 +158,153 @@ def typed_bound(instance, config: Config) -> float:
     return pipe + b.chain() + dp + fixed + overhead
 
 
+def least_stage_sum(us: list[float], level: float, cap, layers: int, step: int) -> float:
+    """The least sum of stage times l_j u_j when every stage holds at least `step` layers, at most `cap` and at
+    most what its time allows at `level` (l_j u_j <= level), in whole chunks: the fastest stages filled first
+    (a lower bound on sum_j t_j of any partition whose slowest stage is at most `level`). INF where they
+    cannot hold `layers`."""
+    caps = cap if isinstance(cap, list) else [cap] * len(us)  # one cap, or each stage its own
+    room = [min(c, int(level / x * (1 + 1e-12) + 1e-9)) // step * step for x, c in zip(us, caps)]
+    if any(r < step for r in room) or sum(room) < layers:
+        return INF
+    left, total = layers - step * len(us), sum(us) * step
+    for x, r in sorted(zip(us, room)):
+        take = min(left, r - step)
+        total, left = total + take * x, left - take
+    return total
+
+
+def _pipeline_at_levels(b, us: list[float], M: float, cap: list[int], extra: float) -> float:
+    """(C9) m tau + (sum_j t_j - tau) / vpp over the slowest stage's time tau >= M, the stage sum at least its
+    least at that level (`least_stage_sum`, plus the output layer's least): the sum falls as tau grows only
+    where some stage can take one more chunk, so the least lies at M or at such a step."""
+    L, v = b.instance.model.num_layers, b.config.vpp
+    if M == INF:
+        return INF
+    steps = sorted({k * x for x, c in zip(us, cap) for k in range(v, c + 1, v) if k * x > M})
+    best = INF
+    for tau in [M] + steps:
+        if b.m * tau >= best:
+            break  # the schedule only grows from here
+        total = least_stage_sum(us, tau, cap, L, v)
+        if total < INF:
+            best = min(best, b.schedule(tau, total + extra))
+    return best
+
+
+def placed_sum(us: list[float], extras: np.ndarray, caps: np.ndarray, level: float, layers: int,
+               step: int) -> float:
+    """The least stage sum sum_i (l_i u_s(i) + extras[i][s(i)]) over assignments s of the stages to positions
+    (stages of one kind alike) and layer counts with every stage at most `level`, l_i <= caps[i][s(i)], l_i >= step,
+    sum l_i = layers: the linear relaxation of that assignment (a lower bound; INF if even it is infeasible)."""
+    from scipy.optimize import linprog  # here: scipy.optimize takes 0.6 s to import
+
+    P = len(us)
+    kinds: dict[tuple, list[int]] = {}
+    for j in range(P):
+        kinds.setdefault((us[j], tuple(extras[:, j]), tuple(caps[:, j])), []).append(j)
+    K = list(kinds)
+    n = len(K)
+    # variables: y[i, k] (fraction of position i given to kind k), then x[i, k] (its layers)
+    y = lambda i, k: i * n + k  # noqa: E731
+    x = lambda i, k: P * n + i * n + k  # noqa: E731
+    cost, bounds = np.zeros(2 * P * n), [(0.0, 1.0)] * (P * n) + [(0.0, None)] * (P * n)
+    a_eq, b_eq, a_ub = [], [], []
+    for i in range(P):
+        row = np.zeros(2 * P * n)
+        for k, (u, e, c) in enumerate(K):
+            room = min(c[i], int((level * (1 + 1e-12) - e[i]) / u + 1e-9)) // step * step
+            if room < step:
+                bounds[y(i, k)] = (0.0, 0.0)
+            cost[y(i, k)], cost[x(i, k)] = e[i], u
+            row[y(i, k)] = 1.0
+            for sign, limit in ((1.0, max(room, 0)), (-1.0, step)):  # step y <= x <= room y
+                r = np.zeros(2 * P * n)
+                r[x(i, k)], r[y(i, k)] = sign, -sign * limit
+                a_ub.append(r)
+        a_eq.append(row)
+        b_eq.append(1.0)
+    for k, members in enumerate(kinds.values()):
+        row = np.zeros(2 * P * n)
+        row[[y(i, k) for i in range(P)]] = 1.0
+        a_eq.append(row)
+        b_eq.append(float(len(members)))
+    row = np.zeros(2 * P * n)
+    row[P * n:] = 1.0
+    a_eq.append(row)
+    b_eq.append(float(layers))
+    out = linprog(cost, A_ub=np.array(a_ub), b_ub=np.zeros(len(a_ub)), A_eq=np.array(a_eq), b_eq=np.array(b_eq),
+                  bounds=bounds, method="highs")
+    return float(out.fun) * (1 - 1e-9) if out.status == 0 else INF
+
+
+def placed_pipeline(b, us: list[float], extras: np.ndarray, caps: np.ndarray, M: float) -> float:
+    """(C9) m tau + (sum - tau) / vpp over the slowest stage's time tau >= M with the stage sum at least
+    `placed_sum` at that level: it falls only where some (position, stage) pair can take one more chunk, so the
+    least lies at M or at such a step; levels whose m tau alone reaches the least found are not tried."""
+    L, v = b.instance.model.num_layers, b.config.vpp
+    if M == INF:
+        return INF
+    P = len(us)
+    kinds = {j: None for j in range(P)}
+    seen = set()
+    for j in range(P):  # one stage of each kind
+        key = (us[j], tuple(extras[:, j]), tuple(caps[:, j]))
+        kinds[j], seen = key not in seen, seen | {key}
+    steps = sorted({q * us[j] + float(extras[i, j]) for j in range(P) if kinds[j] for i in range(P)
+                    for q in range(v, int(min(caps[i, j], L)) + 1, v)} | {M})
+    best = INF
+    for tau in steps:
+        if tau < M:
+            continue
+        if b.m * tau >= best:
+            break
+        total = placed_sum(us, extras, caps, tau, L, v)
+        if total < INF:
+            best = min(best, b.schedule(tau, total))
+    return best
+
+
+def type_links(cluster, name: str) -> tuple[float, float]:
+    """The fastest intra-node pair on a node of GPU type `name`, and the fastest inter-node pair with one end
+    on such a node (either direction; INF where there is none)."""
+    mine = [k for k, node in enumerate(cluster.nodes) if node.gpu_type == name]
+    intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for k, m in enumerate(cluster.intra_gb_per_s)
+                 if k in mine and m.shape[0] > 1), default=INF)
+    if len(cluster.nodes) < 2:
+        return intra, INF
+    W = node_links(cluster)
+    return intra, float(max(W[mine, :].max(), W[:, mine].max()))
+
+
+def _type_groups(instance, b, name: str) -> tuple[float, float, float, float]:
+    """(tp, cp, ag, rs) per layer for a stage paced by GPU type `name`: it holds a GPU of that type, and so
+    does one of its tp groups (and one dp x cp group under ZeRO-3). Such a group inside one node is on a node of
+    that type (its slowest pair no faster than the type's fastest intra-node pair); over several nodes, its
+    slowest inter-node pair is no faster than the fastest link leaving a node of that type (evaluator: slowest
+    pair per level, formulation/inputs/cluster.py `group_links`). The least over both shapes, at B1's figure
+    where the type's own is no better."""
+    model, job, cluster = instance.model, instance.training, instance.cluster
+    config, p = b.config, b.placement
+    intra_k, inter_k = type_links(cluster, name)
+    w_bytes, g_bytes, _ = job.bytes_per_param_state
+
+    def least(fn, size: int) -> float:
+        inside = best_group_time(fn, size, min(intra_k, b.intra), b.inter, 1, b.per_node_cap, span=b.span)
+        across = best_group_time(fn, size, b.intra, min(inter_k, b.inter), b.max_nodes, b.per_node_cap, 2,
+                                 span=b.span)
+        return min(inside, across)
+
+    tp = least(lambda lk: cost.tp_layer_comm(model, job, p, lk, cluster), config.tp)
+    ag, rs = b.ag, b.rs
+    if config.zero_stage >= 3 and b.ag + b.rs > 0:
+        params = stage_constants(instance, p, 0, b.gpu_type).layer_params
+        n = config.dp * config.cp
+        ag = least(lambda lk: cost.collective_time("all_gather", params * w_bytes, lk, cluster), n)
+        rs = least(lambda lk: cost.collective_time("reduce_scatter", params * g_bytes, lk, cluster), n)
+    return max(tp, b.tp), b.cp, max(ag, b.ag), max(rs, b.rs)
+
+
 def configuration_floors(instance) -> list[tuple[float, int, Config]]:
     """Every configuration of every world size the cluster holds (the composition search leaves GPUs idle too)
     with its work floor W, in W order: (W, index, configuration)."""
@@ -133,7 +312,8 @@ def configuration_floors(instance) -> list[tuple[float, int, Config]]:
     return sorted(((work_floor(instance, c), k, c) for k, c in enumerate(every)), key=lambda item: item[:2])
 
 
-def every_placement_bound(instance, value, cap: float, deadline: float = INF, floors: list | None = None) -> float:
+def every_placement_bound(instance, value, cap: float, deadline: float = INF, floors: list | None = None,
+                          refine: bool = True) -> float:
     """B5 in the objective's unit, at most `cap` (the plan's own value: a bound that reaches it proves the plan
     optimal). `value(config, time_s)`: the objective's lower bound for a plan of `config` taking at least
     `time_s` (INF where no such plan can count, e.g. one too slow for a required throughput). `floors`:
@@ -146,5 +326,7 @@ def every_placement_bound(instance, value, cap: float, deadline: float = INF, fl
             break
         if time.perf_counter() > deadline:
             return floor  # every configuration left is at least its floor, and they come in that order
-        best = min(best, value(config, max(typed_bound(instance, config), w)))
+        # (the value in seconds: where it is in another unit, T is not refined)
+        at = best if refine else 0.0
+        best = min(best, value(config, max(typed_bound(instance, config, at, best if refine else INF), w)))
     return best

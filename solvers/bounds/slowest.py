@@ -58,7 +58,9 @@ def least_slowest_stage(us: list[float], extras: list[float], caps: list[int], l
 def least_slowest_stage_any_order(us: list[float], extras: list[float], caps: list[int], layers: int,
                                   step: int) -> float:
     """The smallest `least_slowest_stage(us permuted, extras, caps, layers, step)` over every order of `us`: each
-    stage i (its extra and memory cap fixed by its position) gets one of the per-layer times. At a level, the
+    stage i (its extra and memory cap fixed by its position) gets one of the per-layer times. `extras` may also
+    be a matrix: extras[i][j] the extra of position i when it holds the j-th time's stage (an output layer priced
+    at that stage's GPU type), and `caps` too (the memory of that stage's GPU type). At a level, the
     most layers the stages hold over all orders is an assignment problem (stages x times, Hungarian), and that
     most grows with the level: binary search over the candidate levels, as `least_slowest_stage`."""
     from scipy.optimize import linear_sum_assignment  # here: scipy.optimize takes 0.6 s to import, on every CLI start
@@ -66,11 +68,15 @@ def least_slowest_stage_any_order(us: list[float], extras: list[float], caps: li
     P = len(us)
     if not all(math.isfinite(u) and u > 0 for u in us):
         return INF
-    u_col, e_row = np.asarray(us, dtype=float)[None, :], np.asarray(extras, dtype=float)[:, None]
-    cap_row = np.minimum(np.asarray(caps), layers)[:, None]
+    u_col = np.asarray(us, dtype=float)[None, :]
+    e_row = np.asarray(extras, dtype=float)
+    e_row = e_row if e_row.ndim == 2 else e_row[:, None]  # extras[i][j]: position i holding time j's stage
+    cap_row = np.minimum(np.asarray(caps), layers)
+    cap_row = cap_row if cap_row.ndim == 2 else cap_row[:, None]  # caps[i][j] likewise, if a matrix
     unusable = -float(layers) * (P + 1)  # a stage that cannot hold `step` layers: no order may leave it so
-    levels = sorted({q * u + e for u in set(us) for e, cap in zip(extras, caps)
-                     for q in range(step, min(cap, layers) + 1, step)})
+    grid = np.broadcast_arrays(u_col, e_row, cap_row)  # every (position, time) pair, once per distinct triple
+    pairs = np.unique(np.stack([a.ravel().astype(float) for a in grid], axis=1), axis=0)
+    levels = sorted({q * u + e for u, e, cap in pairs.tolist() for q in range(step, int(cap) + 1, step)})
 
     def holds(level: float) -> bool:
         fit = np.minimum(cap_row, np.floor((level * (1 + 1e-12) - e_row) / u_col + 1e-9))

@@ -15,6 +15,7 @@ from solvers.result import PlanResult, SolverReport
 from solvers.search.mixed import compose_search
 from solvers.search.objectives import OBJECTIVES
 from solvers.search.driver import NoPlanInTime, closing_status
+from solvers.search.exhaustive import enumerate_placements
 from solvers.search.fastest_first import fastest_first
 
 UNITS = {name: objective.unit for name, objective in OBJECTIVES.items()}
@@ -70,21 +71,33 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
         return _default_in_time(instance, default, f"islands-{backend}", str(exc), start, seed)
     best = found.ranked[0]
     default = _type_blind_default(instance)
-    floors = configuration_floors(instance)  # both below take every configuration in work-floor order
-    outside = _plan_outside(instance, goal, best.value, default, start + time_limit if time_limit else INF, floors)
+    floors = configuration_floors(instance)  # B5 and the searches outside compositions go in work-floor order
+    deadline = start + time_limit if time_limit else INF
+    outside = _plan_outside(instance, goal, best.value, default, deadline, floors)
     plan_value = outside[0][1].iteration_time_s if outside else best.value
+    # a small cluster: every placement enumerated in bound order (stages on part of a node, over two islands, an
+    # island visited twice), which proves the plan optimal over every placement when it completes
+    enumerated = enumerate_placements(instance, plan_value, deadline, floors) if goal.value_is_time else None
+    if enumerated is not None and enumerated.best is not None:
+        outside = enumerated.best, "a placement found by enumerating every placement of this small cluster"
+        plan_value = enumerated.best[1].iteration_time_s
     # (B5): the composition search is exact over compositions only; the bound, and so the status, must hold for
     # every placement (its own bound covers the compositions, B5 every configuration of any world size)
-    raw_bound = min(found.bound, _every_placement_bound(instance, goal, plan_value, required_tokens_per_s,
-                                                        start, time_limit, floors))
-    gap_fraction, status = closing_status(plan_value, raw_bound, found.stopped)
+    proven = enumerated is not None and enumerated.complete
+    if proven:
+        raw_bound = plan_value
+    else:
+        raw_bound = _every_placement_bound(instance, goal, plan_value, required_tokens_per_s, start, time_limit,
+                                           floors)
+        raw_bound = min(plan_value, max(raw_bound, enumerated.bound if enumerated is not None else 0.0))
+    gap_fraction, status = closing_status(plan_value, raw_bound, None if proven else found.stopped)
     value, bound = goal.reported(best.value, raw_bound, best.placement)
     islands = island_report(instance, best.placement, found.islands, objective)
     report = SolverReport(method=f"islands-{backend}", status=status, objective_s=best.estimate.iteration_time_s,
                           bound_s=raw_bound if goal.value_is_time else None,
                           gap=max(0.0, (value - bound) / value) if value else 0.0,
                           wall_time_s=time.perf_counter() - start, seed=seed,
-                          note=_search_note(found, islands, goal, required_tokens_per_s, raw_bound),
+                          note=_search_note(found, islands, goal, required_tokens_per_s, raw_bound, enumerated),
                           objective=objective, objective_value=value, bound_value=bound, islands=islands)
     if outside:
         (placement, estimate), what = outside
@@ -111,7 +124,7 @@ def _plan_outside(instance, goal, composed: float, type_blind, deadline: float, 
     return (faster, "a default layout on the cluster's fastest GPUs") if faster is not None else out
 
 
-def _search_note(found, islands: list, goal, required_tokens_per_s, raw_bound: float) -> str:
+def _search_note(found, islands: list, goal, required_tokens_per_s, raw_bound: float, enumerated=None) -> str:
     idle = sum(r["idle_gpus"] for r in islands)
     names = "; ".join(f"{r['island']}: stages {r['stages'] or 'none'}" for r in islands)
     note = (f"{len(found.islands)} islands ({names}); {found.candidates} configurations"
@@ -124,8 +137,14 @@ def _search_note(found, islands: list, goal, required_tokens_per_s, raw_bound: f
         note += f"; stopped by the {found.stopped}"
     if found.errors:
         note += f"; {len(found.errors)} program(s) failed: {found.errors[0]}"
-    return note + (f"; the composition search is exact over island compositions (bound {found.bound:.6g}), the "
-                   f"bound over every placement is (B5) {raw_bound:.6g}")
+    note += f"; the composition search is exact over island compositions (bound {found.bound:.6g})"
+    if enumerated is not None and enumerated.complete:
+        return note + (f"; every placement enumerated in bound order ({enumerated.configurations} configurations "
+                       f"whole, {enumerated.evaluations} evaluations): the plan is optimal over every placement")
+    if enumerated is not None and enumerated.evaluations:
+        note += (f"; {enumerated.configurations} configurations enumerated whole ({enumerated.evaluations} "
+                 f"evaluations) before the enumeration's budget ran out")
+    return note + f", the bound over every placement is {raw_bound:.6g} (B5)"
 
 
 def _every_placement_bound(instance, goal, plan_value: float, required_tokens_per_s, start: float,
@@ -140,7 +159,8 @@ def _every_placement_bound(instance, goal, plan_value: float, required_tokens_pe
         world = config.tp * config.cp * config.dp * config.pp
         return goal.of_time(time_s, instance, world, world * cheapest, max_time)
 
-    return every_placement_bound(instance, value, plan_value, start + time_limit if time_limit else INF, floors)
+    return every_placement_bound(instance, value, plan_value, start + time_limit if time_limit else INF, floors,
+                                 refine=goal.value_is_time)
 
 
 def _default_in_time(instance, default, method: str, why: str, start: float, seed: int) -> PlanResult:
