@@ -34,11 +34,30 @@ class Config:
     # ranks of a stage (Megatron-Core: etp x ep x expert_dp = tp x cp x dp); 1 and 1 for dense models
     ep: int = field(default=1, kw_only=True)
     etp: int = field(default=1, kw_only=True)
+    # sharded data parallelism (docs/model.md (M1)-(M3), (C11)-(C12), formulation/physics/sharding.py): dp =
+    # dp_shard x dp_replicate; ZeRO states are sharded over dp_shard x cp ranks (torchtitan's dp_shard_cp mesh,
+    # Megatron's distributed-optimizer instance) and replicated over dp_replicate groups (HSDP; Megatron-Core's
+    # num_distributed_optimizer_instances). 1: one shard group over the whole dp x cp group.
+    dp_replicate: int = field(default=1, kw_only=True)
+    # zero_stage 3: parameters freed after each layer's forward and gathered again in its backward (FSDP's
+    # reshard_after_forward, FULL_SHARD); False keeps them unsharded until the backward (SHARD_GRAD_OP)
+    reshard_after_forward: bool = field(default=True, kw_only=True)
 
     def sizes(self) -> str:
         """The parallel sizes, the one spelling every table, title and message uses."""
         experts = f" ep={self.ep} etp={self.etp}" if (self.ep, self.etp) != (1, 1) else ""
-        return f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp}{experts}"
+        shards = f" dp_shard={self.dp_shard} dp_replicate={self.dp_replicate}" if self.dp_replicate > 1 else ""
+        return f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp}{shards}{experts}"
+
+    @property
+    def dp_shard(self) -> int:
+        """Data-parallel replicas in one shard group (dp / dp_replicate)."""
+        return self.dp // self.dp_replicate
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks the ZeRO states of a stage are sharded over: dp_shard x cp."""
+        return self.dp // self.dp_replicate * self.cp
 
     @property
     def expert_dp(self) -> int:
@@ -46,8 +65,9 @@ class Config:
         return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     def describe(self) -> str:
+        keep = "" if self.reshard_after_forward else " reshard_after_forward=False"
         return (f"{self.sizes()} vpp={self.vpp} mbs={self.micro_batch_size} recompute={self.recompute} "
-                f"zero={self.zero_stage}")
+                f"zero={self.zero_stage}{keep}")
 
     def config_key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(Config))
@@ -117,6 +137,21 @@ class Placement(Config):
         """Megatron's data-parallel group with context parallelism: same tp and pp coordinate."""
         return self.grid[stage].transpose(2, 0, 1).reshape(self.tp, -1)
 
+    def shard_groups(self, stage: int) -> np.ndarray:
+        """The groups a stage's ZeRO states are sharded over: dp_shard x cp ranks of one tp coordinate and replica,
+        cp fastest; contiguous pieces of `dp_cp_groups` (Megatron-Core's intra distributed-optimizer instance groups
+        are consecutive slices of its dp-cp ranks; torchtitan's mesh is [pp, dp_replicate, dp_shard, cp, tp]).
+        With dp_replicate 1 they are `dp_cp_groups`, row for row."""
+        r = self.dp_replicate
+        return self.grid[stage].reshape(r, self.dp // r, self.cp, self.tp).transpose(0, 3, 1, 2).reshape(
+            -1, self.shard_size)
+
+    def replicate_groups(self, stage: int) -> np.ndarray:
+        """The groups that all-reduce a stage's sharded gradients across replicas: the dp_replicate ranks of one
+        tp, cp and shard coordinate (Megatron-Core's inter distributed-optimizer instance groups)."""
+        r = self.dp_replicate
+        return self.grid[stage].reshape(r, self.dp // r, self.cp, self.tp).transpose(1, 2, 3, 0).reshape(-1, r)
+
     def stage_gpus(self, stage: int) -> np.ndarray:
         return self.grid[stage].reshape(-1)
 
@@ -162,6 +197,10 @@ class Placement(Config):
             del out["ep"], out["etp"]
         if not self.recompute_num_layers:  # every layer under its policy: the plans of the search
             del out["recompute_num_layers"]
+        if self.dp_replicate == 1:  # one shard group: the plans before sharded data parallelism
+            del out["dp_replicate"]
+        if self.reshard_after_forward:
+            del out["reshard_after_forward"]
         out["layers_per_stage"] = list(self.layers_per_stage)
         out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
         return out
@@ -239,6 +278,7 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("layers_per_stage", f"sums to {sum(p.layers_per_stage)}, the model has {model.num_layers} layers")
     check_experts(model, p, bad)
     check_block_recompute(model, job, p, bad)
+    check_sharding(model, p, bad)
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -247,6 +287,25 @@ def check_placement(instance, p: Placement, file: str) -> None:
         if p.num_micro_batches(job.global_batch_size) % p.pp:
             bad("vpp", f"interleaving needs the number of micro-batches "
                        f"({p.num_micro_batches(job.global_batch_size)}) divisible by pp={p.pp}")
+
+
+def check_sharding(model, p: Config, bad) -> None:
+    """dp_replicate divides dp and needs sharded states (zero_stage >= 1; 0 replicates everything); a dense model
+    (the experts' sharding over their own data-parallel group is Megatron-Core's, not modelled with replicas);
+    reshard_after_forward False only with zero_stage 3. `bad(field, problem)` raises."""
+    r = p.dp_replicate
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1 or p.dp % r:
+        bad("dp_replicate", f"expected a positive integer dividing dp={p.dp}, got {r!r}")
+    if r > 1 and p.zero_stage == 0:
+        bad("dp_replicate", f"dp_replicate={r} needs sharded states (zero_stage 1, 2 or 3); zero_stage 0 replicates "
+                            "everything: expected 1")
+    if r > 1 and model.moe is not None:
+        bad("dp_replicate", "sharding over part of dp is not modelled for mixture-of-experts models: expected 1")
+    if not isinstance(p.reshard_after_forward, bool):
+        bad("reshard_after_forward", f"expected true or false, got {p.reshard_after_forward!r}")
+    if not p.reshard_after_forward and p.zero_stage != 3:
+        bad("reshard_after_forward", f"false applies to zero_stage 3 (parameters sharded); got zero_stage "
+                                     f"{p.zero_stage}")
 
 
 def check_block_recompute(model, job, p: Placement, bad) -> None:
@@ -281,9 +340,9 @@ def check_experts(model, p: Config, bad) -> None:
         if (p.ep, p.etp) != (1, 1):
             bad("ep" if p.ep != 1 else "etp", f"ep={p.ep} etp={p.etp}: {model.name} has no experts (expected 1)")
         return
-    if p.zero_stage >= 3:
-        bad("zero_stage", "zero_stage=3 is not modelled for mixture-of-experts models (Megatron-Core shards experts "
-                          "with its distributed optimizer): expected 0 or 1")
+    if p.zero_stage >= 2:
+        bad("zero_stage", f"zero_stage={p.zero_stage} is not modelled for mixture-of-experts models (Megatron-Core "
+                          "shards experts with its distributed optimizer): expected 0 or 1")
     ranks = p.tp * p.cp * p.dp
     if ranks % (p.ep * p.etp):
         bad("ep", f"etp={p.etp} x ep={p.ep} = {p.ep * p.etp} must divide tp={p.tp} x cp={p.cp} x dp={p.dp} = "
@@ -305,6 +364,8 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     ep, etp = sec.integer("ep", default=1), sec.integer("etp", default=1)
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
+    dp_replicate = sec.integer("dp_replicate", default=1, minimum=1)
+    reshard = sec.boolean("reshard_after_forward", default=True)
     if sec.has("zero_stage") and sec.data["zero_stage"] is None:  # null is not "leave it out"
         raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got null (leave the field out for the "
                                       "default: 1 with distributed_optimizer true, else 0)")
@@ -341,7 +402,8 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     sec.done()
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus,
-                          recompute_num_layers=recompute_num_layers)
+                          recompute_num_layers=recompute_num_layers, dp_replicate=dp_replicate,
+                          reshard_after_forward=reshard)
     check_placement(instance, placement, file)
     return placement
 

@@ -252,14 +252,16 @@ class Parts(KindBounds):
         smallest time over group shapes at these links with at most `per_node_cap` members on a node, the
         compute window that hides it, and whether it is overlapped."""
         n = self.config.dp * self.config.cp
-        if self.config.zero_stage >= 3:
+        if self.config.zero_stage >= 3 and self.config.dp_replicate == 1:
             return []
         cap = per_node_cap or self.dp_cap or self.per_node_cap
+        if self.config.dp_replicate > 1:  # a shard group (part of the dp group) at any place; the replicas'
+            n, inter, min_nodes = self.config.shard_size, self.inter, 1  # all-reduce counted at 0
         k = self.constants(stage)
         # (B3) mixture-of-experts: the experts' gradients add the same collective over an expert-dp group, at
         # its least time over every shape (any placement: the fastest links, not the cut's)
         experts = expert_dp_messages(self.instance, self.placement, k, layers)
-        parts = dp_sync_parts(self.instance, self.placement, k, layers) if n > 1 else \
+        parts = dp_sync_parts(self.instance, self.placement, k, layers) if n > 1 or self.config.dp_replicate > 1 else \
             expert_only_parts(self.instance, k, layers, experts)
         out = []
         for kind, message, overlapped, window in parts:
@@ -366,9 +368,9 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
         else:
             cp = cost.cp_layer_comm(model, job, p, best_bw, config.cp <= cap, cluster)
     ag = rs = 0.0
-    if config.zero_stage >= 3:
-        n = config.dp * config.cp
-        ag = best_group_time(lambda lk: cost.collective_time("all_gather", first.layer_params * w_bytes, lk, cluster),
+    if config.zero_stage >= 2:  # zero 3's gathers, zero 2 and 3's per-layer reduce-scatter, in a shard group
+        n = config.shard_size
+        ag = 0.0 if config.zero_stage == 2 else best_group_time(lambda lk: cost.collective_time("all_gather", first.layer_params * w_bytes, lk, cluster),
                              n, intra, inter, max_nodes, dp_cap, span=span)
         rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
                                                              cluster), n, intra, inter, max_nodes, dp_cap, span=span)

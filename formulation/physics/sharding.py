@@ -1,0 +1,64 @@
+"""Sharded data parallelism (ZeRO 1-3, FSDP, HSDP): what each rank keeps of the model's states and what the
+shard and replicate groups exchange (docs/model.md (M1)-(M3), (M6), (C11)-(C12)).
+
+dp = dp_shard x dp_replicate. A stage's states are sharded over its shard group (dp_shard x cp ranks) and
+replicated across dp_replicate such groups:
+- zero_stage 1 (Megatron's distributed optimizer, `num_distributed_optimizer_instances` = dp_replicate): the
+  optimizer state / shard; after the last backward a reduce-scatter of the gradients inside the shard group, then
+  an all-reduce of the gradient shard across replicas (Megatron-Core's `inter_distributed_optimizer_instance_group`,
+  on the same stream), and after the step an all-gather of the parameters inside the shard group.
+- zero_stage 2 (DeepSpeed ZeRO-2, Megatron-FSDP `optim_grads`): gradients sharded too, so every micro-batch's
+  backward reduce-scatters each layer's gradients inside the shard group (the per-layer term of (C12), without
+  gathers); after the last backward the replica all-reduce of the shard, after the step the all-gather.
+- zero_stage 3 (FSDP, Megatron-FSDP `optim_grads_params`): parameters sharded; per layer and micro-batch an
+  all-gather in the forward, another in the backward unless `reshard_after_forward` is False (FSDP2's False,
+  FSDP1's SHARD_GRAD_OP: the forward's gathered parameters stay until the backward), and a reduce-scatter; after
+  the last backward the replica all-reduce of the gradient shard (FSDP2's HSDP all-reduces each layer's shard
+  after its reduce-scatter; counted against the same backward window).
+"""
+
+from __future__ import annotations
+
+
+def state_divisors(p) -> tuple[int, int, int]:
+    """(M1)-(M3) What the (weights, gradients, optimizer state) of a rank are divided by: the shard group's size
+    for the states its zero stage shards, else 1."""
+    shard = p.shard_size
+    return (shard if p.zero_stage >= 3 else 1, shard if p.zero_stage >= 2 else 1, shard if p.zero_stage >= 1 else 1)
+
+
+def per_layer_reduce_scatter(p) -> bool:
+    """(C12) Whether each layer's gradients are reduce-scattered in every micro-batch's backward (zero 2 and 3)."""
+    return p.zero_stage >= 2
+
+
+def backward_gathers(p) -> bool:
+    """(C12) Whether the backward gathers each layer's parameters again (zero 3 resharded after the forward)."""
+    return p.zero_stage >= 3 and p.reshard_after_forward
+
+
+def sharding_buffer_bytes(p, layer_params: float, w_bytes: float, g_bytes: float, kept_unsharded: bool
+                          ) -> tuple[float, float]:
+    """(M6) (fixed, per layer) bytes of the sharding's transient buffers beyond ZeRO-3's gathers (memory.py):
+    zero 2 holds one layer's unsharded gradients while they are reduce-scattered; zero 3 without resharding keeps
+    every layer's gathered parameters from its forward to its backward (`kept_unsharded`: already counted, as
+    torchtitan's pipeline stages keep them, memory.unsharded_pipeline_bytes)."""
+    fixed = layer_params * g_bytes if p.zero_stage == 2 else 0.0
+    per_layer = layer_params * w_bytes if p.zero_stage >= 3 and not p.reshard_after_forward and not kept_unsharded \
+        else 0.0
+    return fixed, per_layer
+
+
+def extra_groups(p) -> int:
+    """(M8) Communicators a rank holds beyond tp, cp and dp x cp: the shard and the replicate group with
+    dp_replicate > 1."""
+    return 2 if p.dp_replicate > 1 else 0
+
+
+def replica_messages(instance, p, stage_params: float) -> dict:
+    """(C11) The all-reduce across replicas of the gradient shard, by the part of the dp sync it follows (its
+    reduce-scatter, whose window it shares): {"reduce_scatter": bytes} with dp_replicate > 1, else {}."""
+    if p.dp_replicate == 1 or p.zero_stage == 0:
+        return {}
+    g_bytes = instance.training.bytes_per_param_state[1]
+    return {"reduce_scatter": stage_params * g_bytes / p.shard_size}
