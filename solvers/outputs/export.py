@@ -139,19 +139,22 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     args += recompute_arguments(job, p)
     if p.zero_stage == 1:
         args.append(("--use-distributed-optimizer", None))
-    if p.zero_stage == 3:  # the flags Megatron-FSDP's documentation requires
-        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", "optim_grads_params"),
+        if p.dp_replicate > 1:  # the optimizer sharded inside dp_shard x cp, replicated across the instances
+            args.append(("--num-distributed-optimizer-instances", p.dp_replicate))
+    if p.zero_stage >= 2:  # the flags Megatron-FSDP's documentation requires
+        strategy = "optim_grads_params" if p.zero_stage == 3 else "optim_grads"
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
                  ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
                  ("--ckpt-format", "fsdp_dtensor")]
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = None  # FSDP overlaps better with more than one connection
-        notes.append("zero_stage 3 runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
-                     "optim_grads_params); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
+        notes.append(f"zero_stage {p.zero_stage} runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
+                     f"{strategy}); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
                      "--untie-embeddings-and-output-weights; torchtitan_args.sh expresses it directly")
     if job.overlap_grad_reduce and p.dp * p.cp > 1:
         args.append(("--overlap-grad-reduce", None))
         if job.overlap_param_gather and p.zero_stage >= 1:  # Megatron-LM allows it only with overlap-grad-reduce
             args.append(("--overlap-param-gather", None))
-    if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
+    if (p.tp > 1 or p.cp > 1) and p.zero_stage < 2:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
     return args + moe_arguments(model, job, p), notes, env
 
