@@ -21,6 +21,7 @@ from formulation.physics.memory import GIB, memory_coefficients
 from formulation.placement import Placement
 from frameworks import initialize_model_parallel_groups, megatron_lm_namespace, require
 from solvers.outputs.export import megatron_arguments
+from solvers.outputs.llm_foundry import fsdp_config
 from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_arguments, torchtitan_run
 from types import SimpleNamespace
 
@@ -186,3 +187,19 @@ def test_megatron_reads_the_distributed_optimizer_instances(h100):
     args, _, _ = megatron_arguments(h100, z2)
     ns = megatron_lm_namespace([str(x) for flag, value in args for x in ((flag,) if value is None else (flag, value))])
     assert ns.use_megatron_fsdp and ns.data_parallel_sharding_strategy == "optim_grads"
+
+
+@pytest.mark.parametrize("zero, r, keep, expected", [(3, 1, True, "FULL_SHARD"), (3, 1, False, "SHARD_GRAD_OP"),
+                                                     (3, 8, True, "HYBRID_SHARD"), (3, 8, False, "_HYBRID_SHARD_ZERO2"),
+                                                     (0, 1, True, "NO_SHARD")])
+def test_llm_foundry_strategies_are_fsdp1s(h100, zero, r, keep, expected):
+    """The written sharding_strategy is a member of PyTorch FSDP1's ShardingStrategy (what Composer parses) and
+    the one that shards as the plan does; the shard and replicate degrees ride along with replicas."""
+    fsdp = require("torch.distributed.fsdp")
+    p = dataclasses.replace(default_placement(h100, tp=1, pp=1, zero_stage=zero, micro_batch_size=1), dp_replicate=r,
+                            reshard_after_forward=keep)
+    config, notes = fsdp_config(h100, p)
+    assert config["sharding_strategy"] == expected and fsdp.ShardingStrategy[expected]
+    assert (config.get("data_parallel_shard_degree"), config.get("data_parallel_replicate_degree")) == (
+        (128 // r, r) if r > 1 else (None, None))
+    assert not notes

@@ -15,6 +15,7 @@ from formulation.placement import Placement
 from solvers.outputs.files import write_json_atomic, write_text_atomic
 from solvers.outputs.model_arguments import model_arguments, moe_arguments, vocab_padding  # noqa: F401 (re-export)
 from solvers.outputs.report import comment_lines
+from solvers.outputs.llm_foundry import fsdp_config_yaml
 from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_toml
 
 from solvers.outputs.launch import (TRAIN_SCRIPT, LaunchMismatch, check_groups, parse_slurm_files,
@@ -218,6 +219,7 @@ _DESCRIPTIONS = {
     "hostfile": "SLURM_HOSTFILE: line r is the host of global rank r",
     "torchtitan_args.sh": "torchtitan 0.3.x command line (TORCHTITAN_ARGS); FRAMEWORK=torchtitan in the launch scripts",
     "torchtitan-0.2.toml": "torchtitan 0.2.x [training]/[parallelism]/[activation_checkpoint] settings",
+    "llm_foundry_fsdp.yaml": "llm-foundry's fsdp_config (sharding strategy, shard and replicate degrees)",
     "schedule.png": "one iteration of the pipeline schedule (Gantt chart, critical path outlined)",
     "memory.png": "memory per GPU of every pipeline stage against the limit and the capacity",
     "cluster.png": "node x GPU grid coloured by pipeline stage, with the inter-node bandwidth matrix and slow links",
@@ -243,6 +245,8 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
         check_groups(instance, p, parse_torchrun_script(files["launch_torchrun.sh"]))
     files["torchtitan_args.sh"] = torchtitan_args_script(instance, plan)
     files["torchtitan-0.2.toml"] = torchtitan_toml(instance, plan)
+    if instance.training.software_stack == "llm-foundry":
+        files["llm_foundry_fsdp.yaml"] = fsdp_config_yaml(instance, p)
     written: dict[str, Path] = {}
     write_json_atomic(out / "plan.json", plan.to_dict(instance.cluster))
     written["plan.json"] = out / "plan.json"

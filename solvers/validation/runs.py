@@ -3,7 +3,9 @@
 Defaults for blank cells (documented in docs/validation.md):
 - kv_heads blank: multi-head attention (kv_heads = heads). MLP: GELU with 2 matrices when ffn = 4 x hidden
   (GPT, MPT, Nemotron's squared ReLU), SwiGLU otherwise. GPT-style runs (GELU) carry dropout.
-- cp, vp, mbs blank: 1. recompute blank: none; `block:r` is Megatron-LM's block method (recompute "full" with
+- cp, vp, mbs blank: 1. An optional `dp_replicate` column (blank: 1): the states sharded over dp / dp_replicate
+  ranks and replicated across dp_replicate groups (HSDP, FSDP1's HYBRID_SHARD, Megatron's distributed-optimizer
+  instances). recompute blank: none; `block:r` is Megatron-LM's block method (recompute "full" with
   recompute_num_layers r: the first r layers of each model chunk). zero blank: 1 (Megatron distributed optimizer) for
   Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
@@ -154,9 +156,12 @@ def run_from_row(index: int, r: dict) -> Run:
     except ValueError as exc:
         return skip(f"cannot build the model: {exc}")
     layers = instance.model.num_layers
+    replicas = _int(r, "dp_replicate", 1)  # an optional column: HSDP, distributed-optimizer instances
+    if replicas < 1 or dp % replicas or (replicas > 1 and zero == 0):
+        return skip(f"dp_replicate {replicas} must divide dp {dp} and needs zero 1, 2 or 3")
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, layers_per_stage=even_split(layers, pp), gpus=tuple(range(n_gpus)),
-                          recompute_num_layers=block)
+                          recompute_num_layers=block, dp_replicate=replicas)
     if block and (instance.training.software_stack == "megatron-deepspeed" or instance.model.moe is not None):
         return skip("block recompute is modelled for dense models on the megatron and PyTorch stacks")
     if vpp > 1 and any(n % vpp for n in placement.layers_per_stage):
