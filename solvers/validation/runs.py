@@ -156,23 +156,31 @@ def run_from_row(index: int, r: dict) -> Run:
     except ValueError as exc:
         return skip(f"cannot build the model: {exc}")
     layers = instance.model.num_layers
-    replicas = _int(r, "dp_replicate", 1)  # an optional column: HSDP, distributed-optimizer instances
-    if replicas < 1 or dp % replicas or (replicas > 1 and zero == 0):
-        return skip(f"dp_replicate {replicas} must divide dp {dp} and needs zero 1, 2 or 3")
+    replicas = max(1, _int(r, "dp_replicate", 1))  # an optional column: HSDP, distributed-optimizer instances
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, layers_per_stage=even_split(layers, pp), gpus=tuple(range(n_gpus)),
-                          recompute_num_layers=block, dp_replicate=replicas)
+                          recompute_num_layers=block, dp_replicate=replicas if dp % replicas == 0 else 1)
     if block and (instance.training.software_stack == "megatron-deepspeed" or instance.model.moe is not None):
         return skip("block recompute is modelled for dense models on the megatron and PyTorch stacks")
-    if vpp > 1 and any(n % vpp for n in placement.layers_per_stage):
-        return skip(f"{layers} layers do not split into pp={pp} x vpp={vpp} chunks evenly")
-    if gbs % (mbs * dp):
-        return skip(f"global batch {gbs} not divisible by micro-batch {mbs} x dp {dp}")
+    problem = _split_problem(placement, layers, gbs, replicas)
+    if problem:
+        return skip(problem)
     measured, how = _measured_time(r, instance, n_gpus)
     if measured is None:  # kept whole: a run that measured out-of-memory is still scored on memory
         return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
     return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
                   "measured_how": how})
+
+
+def _split_problem(p: Placement, layers: int, gbs: int, replicas: int) -> str | None:
+    """Why a row's layers, batch or replicas cannot be split as it says, else None."""
+    if replicas != p.dp_replicate or (replicas > 1 and p.zero_stage == 0):
+        return f"dp_replicate {replicas}: expected a divisor of dp {p.dp}, with zero 1, 2 or 3"
+    if p.vpp > 1 and any(n % p.vpp for n in p.layers_per_stage):
+        return f"{layers} layers do not split into pp={p.pp} x vpp={p.vpp} chunks evenly"
+    if gbs % (p.micro_batch_size * p.dp):
+        return f"global batch {gbs} not divisible by micro-batch {p.micro_batch_size} x dp {p.dp}"
+    return None
 
 
 def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: int, old: bool) -> dict:
