@@ -79,9 +79,10 @@ def brute_force(instance, data) -> float:
 
 
 SEEDS = list(range(12))
+QUICK = 4  # the quick suite checks the first seeds (one backend each); every seed with every backend runs with -m slow
 
 
-@pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS))
+@pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS, slow_seeds=SEEDS[QUICK:]))
 def test_search_with_free_shard_degree_equals_brute_force(seed, backend):
     data = sharded_instance(seed)
     instance = instance_from_dict(data)
@@ -96,7 +97,7 @@ def test_search_with_free_shard_degree_equals_brute_force(seed, backend):
     assert result.solver.bound_s <= result.estimate.iteration_time_s * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS))
+@pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS, slow_seeds=SEEDS[QUICK:]))
 def test_every_sharded_program_equals_the_evaluator(seed, backend):
     """Each configuration's program that has a partition fitting in memory (dp_replicate > 1 and zero 2 among
     them) against evaluate() of its decoded placement, and the cheap bound below it."""
