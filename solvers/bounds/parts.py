@@ -15,6 +15,7 @@ from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
+from formulation.physics.sharding import replica_messages
 from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
                                        layer_time, mixed_constants, stage_constants)
 
@@ -255,8 +256,10 @@ class Parts(KindBounds):
         if self.config.zero_stage >= 3 and self.config.dp_replicate == 1:
             return []
         cap = per_node_cap or self.dp_cap or self.per_node_cap
-        if self.config.dp_replicate > 1:  # a shard group (part of the dp group) at any place; the replicas'
-            n, inter, min_nodes = self.config.shard_size, self.inter, 1  # all-reduce counted at 0
+        replicas = {}
+        if self.config.dp_replicate > 1:  # a shard group (part of the dp group) and a replicate group at any place
+            n, inter, min_nodes = self.config.shard_size, self.inter, 1
+            replicas = replica_messages(self.instance, self.placement, self.constants(stage).stage_params(layers))
         k = self.constants(stage)
         # (B3) mixture-of-experts: the experts' gradients add the same collective over an expert-dp group, at
         # its least time over every shape (any placement: the fastest links, not the cut's)
@@ -269,6 +272,9 @@ class Parts(KindBounds):
             if kind in experts:
                 time += self._least(kind, experts[kind], self.placement.expert_dp, self.inter, 1,
                                     self.edp_cap or self.per_node_cap)
+            if kind in replicas:  # the replicas' all-reduce of the gradient shard, at its least over every shape
+                time += self._least("all_reduce", replicas[kind], self.config.dp_replicate, self.inter, 1,
+                                    self.per_node_cap)
             out.append((time, window, overlapped))
         return out
 
