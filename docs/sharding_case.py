@@ -35,6 +35,8 @@ def placements(instance, zero: int, replicas: str):
     world = instance.cluster.num_gpus
     for tp, pp, mbs, recompute in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2), ("none", "selective", "full")):
         dp = world // (tp * pp)
+        if instance.training.global_batch_size % (mbs * dp):
+            continue
         rs = [1] if replicas == "one" else [r for r in divisors(dp) if 1 < r < dp or (zero == 1 and r == dp)]
         for r in rs:
             p = default_placement(instance, tp=tp, pp=pp, micro_batch_size=mbs, recompute=recompute, zero_stage=zero)

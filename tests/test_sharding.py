@@ -16,6 +16,7 @@ import pytest
 
 from conftest import REPO
 from formulation import default_placement, evaluate, instance_from_dict, load_instance
+from formulation.evaluate import stage_links
 from formulation.physics import cost
 from formulation.physics.stage import layer_time, stage_constants
 from formulation.physics.memory import GIB, memory_coefficients
@@ -64,7 +65,7 @@ def test_hsdp_sync_is_the_shard_groups_collectives_plus_the_replicas_all_reduce(
     """zero 1 with 16 instances of 8 GPUs (one node each) at tp = 1: the reduce-scatter of the whole model's fp32
     gradients (282 GB) inside a node, then the all-reduce of its 1/8 shard (35 GB) across the 16 nodes, then the
     all-gather of the bf16 weights inside the node; the sum is what the estimate reports as the dp sync. zero 3
-    syncs only the replicas' all-reduce after the backward (its gathers are per layer)."""
+    syncs per layer instead."""
     cluster = h100.cluster
     p = dataclasses.replace(default_placement(h100, tp=1, pp=1, zero_stage=1, micro_batch_size=1), dp_replicate=16)
     assert p.shard_groups(0).shape == (16, 8) and p.replicate_groups(0).shape == (8, 16)
@@ -79,9 +80,16 @@ def test_hsdp_sync_is_the_shard_groups_collectives_plus_the_replicas_all_reduce(
                 + cost.collective_time("all_gather", stage_params * 2, node, cluster))
     est = evaluate(h100, p)
     assert est.stages[0].dp_sync_s == pytest.approx(expected, rel=1e-9)
+    # zero 3 (HSDP): nothing after the backward; each layer's reduce-scatter in the node is followed by the
+    # all-reduce of its 1/8 shard across the nodes, in every micro-batch's backward (FSDP's post-backward hook)
     z3 = dataclasses.replace(p, zero_stage=3)
-    assert evaluate(h100, z3).stages[0].dp_sync_s == pytest.approx(
-        cost.collective_time("all_reduce", stage_params * 4 / 8, across, cluster), rel=1e-9)
+    assert evaluate(h100, z3).stages[0].dp_sync_s == 0.0
+    links = stage_links(h100, z3, 0)
+    layer = links.constants.layer_params
+    ag = cost.collective_time("all_gather", layer * 2, node, cluster)
+    rs = (cost.collective_time("reduce_scatter", layer * 4, node, cluster)
+          + cost.collective_time("all_reduce", layer * 4 / 8, across, cluster))
+    assert links.layer == layer_time(links.constants, h100.training.tp_comm_overlap, 0.0, 0.0, ag, rs)
 
 
 def test_without_resharding_the_backward_gathers_nothing_and_the_stage_keeps_its_parameters(h100):

@@ -9,12 +9,14 @@ replicated across dp_replicate such groups:
   on the same stream), and after the step an all-gather of the parameters inside the shard group.
 - zero_stage 2 (DeepSpeed ZeRO-2, Megatron-FSDP `optim_grads`): gradients sharded too, so every micro-batch's
   backward reduce-scatters each layer's gradients inside the shard group (the per-layer term of (C12), without
-  gathers); after the last backward the replica all-reduce of the shard, after the step the all-gather.
+  gathers), with replicas followed by the all-reduce of the layer's gradient shard across them; after the step the
+  all-gather.
 - zero_stage 3 (FSDP, Megatron-FSDP `optim_grads_params`): parameters sharded; per layer and micro-batch an
   all-gather in the forward, another in the backward unless `reshard_after_forward` is False (FSDP2's False,
-  FSDP1's SHARD_GRAD_OP: the forward's gathered parameters stay until the backward), and a reduce-scatter; after
-  the last backward the replica all-reduce of the gradient shard (FSDP2's HSDP all-reduces each layer's shard
-  after its reduce-scatter; counted against the same backward window).
+  FSDP1's SHARD_GRAD_OP: the forward's gathered parameters stay until the backward), and a reduce-scatter, with
+  replicas followed by the all-reduce of the layer's gradient shard across them (FSDP1's HYBRID_SHARD and FSDP2's
+  HSDP reduce each FSDP unit in its backward: `_post_backward_hook` reduce-scatters in the shard group, then
+  all-reduces the shard in the replicate group), hidden behind the layer's backward as the reduce-scatter is.
 """
 
 from __future__ import annotations
@@ -56,9 +58,18 @@ def extra_groups(p) -> int:
 
 
 def replica_messages(instance, p, stage_params: float) -> dict:
-    """(C11) The all-reduce across replicas of the gradient shard, by the part of the dp sync it follows (its
-    reduce-scatter, whose window it shares): {"reduce_scatter": bytes} with dp_replicate > 1, else {}."""
-    if p.dp_replicate == 1 or p.zero_stage == 0:
+    """(C11) zero 1's all-reduce across replicas of the gradient shard, by the part of the dp sync it follows (its
+    reduce-scatter, whose window it shares): {"reduce_scatter": bytes} with dp_replicate > 1, else {} (zero 2 and 3
+    all-reduce per layer, `layer_replica_bytes`)."""
+    if p.dp_replicate == 1 or p.zero_stage != 1:
         return {}
     g_bytes = instance.training.bytes_per_param_state[1]
     return {"reduce_scatter": stage_params * g_bytes / p.shard_size}
+
+
+def layer_replica_bytes(instance, p, layer_params: float) -> float:
+    """(C12) zero 2 and 3 with replicas: the all-reduce of one layer's gradient shard across replicas after its
+    reduce-scatter, in every micro-batch's backward (bytes; 0 without replicas)."""
+    if p.dp_replicate == 1 or p.zero_stage < 2:
+        return 0.0
+    return layer_params * instance.training.bytes_per_param_state[1] / p.shard_size

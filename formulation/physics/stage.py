@@ -189,27 +189,21 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
     """(C11) The stage's data-parallel synchronisation as (collective, message bytes, overlapped, window).
 
     zero 0: all-reduce of the gradients; zero 1: reduce-scatter of gradients + all-gather of parameters, both in
-    the shard groups; zero 2 reduce-scatters per layer instead (C12) and all-gathers here; zero 3 synchronises per
-    layer (C12). With replicas (dp_replicate > 1) the reduce-scatter part also carries the all-reduce of the
-    gradient shard across them (`sharding.replica_messages`, added by `dp_sync`): zero 2 and 3 list it with a
-    message of 0 in the shard group.
+    the shard groups; with replicas (dp_replicate > 1) the reduce-scatter part also carries the all-reduce of the
+    gradient shard across them (`sharding.replica_messages`, added by `dp_sync`). zero 2 reduce-scatters (and
+    all-reduces across replicas) per layer instead (C12) and all-gathers here; zero 3 synchronises per layer.
     """
     job = instance.training
-    if p.dp * p.cp == 1 or (p.zero_stage >= 3 and p.dp_replicate == 1):
+    if p.dp * p.cp == 1 or p.zero_stage >= 3:
         return []
     w_bytes, g_bytes, _ = job.bytes_per_param_state
     params = k.stage_params(layers)
     if p.zero_stage == 0:
         return [("all_reduce", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers))]
     sharded = p.shard_size > 1  # a shard group of one rank (dp_replicate = dp, cp = 1) exchanges nothing
-    parts = [("reduce_scatter", params * g_bytes if p.zero_stage == 1 and sharded else 0.0, job.overlap_grad_reduce,
-              k.window_b(layers))]
-    if p.zero_stage == 2 and p.dp_replicate == 1:
-        parts = []
-    if p.zero_stage <= 2:
-        parts.append(("all_gather", params * w_bytes if sharded else 0.0, job.overlap_param_gather,
-                      k.window_f(layers)))
-    return parts
+    parts = [] if p.zero_stage == 2 else [("reduce_scatter", params * g_bytes if sharded else 0.0,
+                                          job.overlap_grad_reduce, k.window_b(layers))]
+    return parts + [("all_gather", params * w_bytes if sharded else 0.0, job.overlap_param_gather, k.window_f(layers))]
 
 
 def dp_part_exposed(time: float, window: float, overlapped: bool) -> float:

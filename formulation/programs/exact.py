@@ -158,6 +158,9 @@ def _stage_time(b: _Builder, i: int) -> int:
         if sharding.per_layer_reduce_scatter(c):  # zero 2 and 3
             rs_vars.append(group_time(b, g, lambda lk: cost.collective_time(
                 "reduce_scatter", k.layer_params * g_bytes, lk, cluster), f"rs{i}."))
+    replica = sharding.layer_replica_bytes(inst, tpl, k.layer_params)  # zero 2-3: then across replicas (C12)
+    ar_vars = [group_time(b, g, lambda lk: cost.collective_time("all_reduce", replica, lk, cluster), f"ar{i}.")
+               for g in b.rep_groups.get(i, [])] if replica else []
 
     def stage_max(vars_, name):
         m = prog.var(f"{name}[{i}]")
@@ -166,6 +169,10 @@ def _stage_time(b: _Builder, i: int) -> int:
         return m
 
     tp, cp, ag, rs = (stage_max(v, n) for v, n in ((tp_vars, "TP"), (cp_vars, "CP"), (ag_vars, "AG"), (rs_vars, "RS")))
+    if ar_vars:  # the slowest shard group's reduce-scatter, then the slowest replicate group's all-reduce
+        ar, rs_total = stage_max(ar_vars, "AR"), prog.var(f"RSAR[{i}]")
+        prog.add({rs_total: 1, rs: -1, ar: -1}, ">=", 0, "P7 reduce-scatter and replica all-reduce")
+        rs = rs_total
     experts = expert_layer_comm(b, i)  # (P14) slowest ep + slowest etp, forward, of an MoE layer
     u = _per_layer_time(b, i, k, (tp, cp, ag, rs), experts, "")
     u_max = b.t(_per_layer_upper_bound(b, k))
@@ -235,10 +242,14 @@ def _per_layer_upper_bound(b: _Builder, k, experts: bool = True) -> float:
     ag = rs = 0.0
     if tpl.zero_stage >= 2 and n_dp > 1:
         shapes = [(N, kk) for N in range(1, n_dp + 1) for kk in range(1, n_dp // N + 1)]
-        ag = 0.0 if tpl.zero_stage == 2 else max(cost.collective_time("all_gather", k.layer_params * w_bytes, GroupLinks(n_dp, slow, slow, N, kk),
-                                      cluster) for N, kk in shapes)
+        ag = 0.0 if tpl.zero_stage == 2 else max(cost.collective_time(
+            "all_gather", k.layer_params * w_bytes, GroupLinks(n_dp, slow, slow, N, kk), cluster) for N, kk in shapes)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, GroupLinks(n_dp, slow, slow, N, kk),
                                       cluster) for N, kk in shapes)
+    replica, r = sharding.layer_replica_bytes(inst, tpl, k.layer_params), tpl.dp_replicate
+    if replica:  # (C12) the replicas' all-reduce of the layer's shard, at its worst shape
+        rs += max(cost.collective_time("all_reduce", replica, GroupLinks(r, slow, slow, N, kk), cluster)
+                  for N in range(1, r + 1) for kk in range(1, r // N + 1))
     lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs, expert_layer_upper_bound(b) if experts else 0.0)
     return (lt.forward + lt.backward) * 1.001 + 1e-9
 
@@ -250,7 +261,7 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2)."""
     prog, c, cluster = b.prog, b.c, b.cluster
     edp = expert_dp_groups(b, i) if c.zero_stage < 3 else []  # (P15) mixture-of-experts: the experts' sync
-    if (c.dp * c.cp == 1 and not edp) or (c.zero_stage >= 3 and c.dp_replicate == 1):
+    if (c.dp * c.cp == 1 and not edp) or c.zero_stage >= 3:
         return None
     k = b.stage_constants[i]
     qs = sorted(q for (stage, q) in prog.layers if stage == i)

@@ -15,7 +15,7 @@ from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
-from formulation.physics.sharding import replica_messages
+from formulation.physics.sharding import layer_replica_bytes, replica_messages
 from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
                                        layer_time, mixed_constants, stage_constants)
 
@@ -376,10 +376,14 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     ag = rs = 0.0
     if config.zero_stage >= 2:  # zero 3's gathers, zero 2 and 3's per-layer reduce-scatter, in a shard group
         n = config.shard_size
-        ag = 0.0 if config.zero_stage == 2 else best_group_time(lambda lk: cost.collective_time("all_gather", first.layer_params * w_bytes, lk, cluster),
-                             n, intra, inter, max_nodes, dp_cap, span=span)
-        rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
-                                                             cluster), n, intra, inter, max_nodes, dp_cap, span=span)
+        if n > 1:
+            ag = 0.0 if config.zero_stage == 2 else best_group_time(lambda lk: cost.collective_time(
+                "all_gather", first.layer_params * w_bytes, lk, cluster), n, intra, inter, max_nodes, dp_cap, span=span)
+            rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
+                                                                 cluster), n, intra, inter, max_nodes, dp_cap, span=span)
+        replica = layer_replica_bytes(instance, p, first.layer_params)  # (C12) then across replicas, at its least
+        rs += best_group_time(lambda lk: cost.collective_time("all_reduce", replica, lk, cluster), config.dp_replicate,
+                              intra, inter, max_nodes, cap, span=span) if replica else 0.0
     ep = expert_layer_floor(instance, p, intra, inter, max_nodes, cap, span)
     lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs, ep)
     mixed = layer_kinds.is_mixed(model)  # (E1) an MoE layer's time, with what a dense layer saves against it
