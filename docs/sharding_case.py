@@ -1,9 +1,10 @@
-"""Where HSDP beats both FSDP and ZeRO-1 in the model (docs/model.md (C11)-(C12)).
+"""The sharding families side by side in the model (docs/model.md (C11)-(C12)).
 
 Llama-2 13B (2k sequences, 1,024 per step) on 64 A100 40GB in 8 nodes with 200 Gb/s per node (3.125 GB/s per GPU),
 megatron stack. For each sharding family, the fastest fitting Megatron-style default placement (ranks filled node by
 node) over tp, pp in {1, 2, 4, 8}, micro-batch 1-2, every recompute, and for HSDP every replica count, scored by
-formulation.evaluate; then the three families at the HSDP winner's sizes.
+formulation.evaluate; then the three families at tp 1, pp 4 (16 data-parallel ranks per stage, two nodes): HSDP
+with one node per shard group, FSDP over both nodes, ZeRO-1.
 
     PYTHONPATH=. python docs/sharding_case.py
 """
@@ -61,8 +62,8 @@ def main() -> None:
     winners = {name: best(instance, *family) for name, family in FAMILIES.items()}
     for name, (est, p) in sorted(winners.items(), key=lambda kv: kv[1][0].iteration_time_s):
         print(line(name, est, p))
-    hsdp = winners["HSDP"][1]
-    print("at HSDP's sizes:")
+    hsdp = dataclasses.replace(default_placement(instance, tp=1, pp=4, zero_stage=3), dp_replicate=2)
+    print("at tp 1, pp 4:")
     for name, zero, r in (("HSDP", 3, hsdp.dp_replicate), ("FSDP", 3, 1), ("ZeRO-1", 1, 1)):
         p = dataclasses.replace(hsdp, zero_stage=zero, dp_replicate=r)
         print(line(name, evaluate(instance, p), p))
