@@ -13,6 +13,7 @@ import numpy as np
 
 from formulation.errors import InputError, Section
 from formulation.inputs.job import PYTORCH_STACKS, RECOMPUTE_CHOICES, ZERO_STAGES
+from formulation.physics.sharding import check_sharding as sharding_problem
 
 
 @dataclass(frozen=True, order=True)
@@ -278,7 +279,7 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("layers_per_stage", f"sums to {sum(p.layers_per_stage)}, the model has {model.num_layers} layers")
     check_experts(model, p, bad)
     check_block_recompute(model, job, p, bad)
-    check_sharding(model, p, bad)
+    sharding_problem(model, p, bad)
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -287,25 +288,6 @@ def check_placement(instance, p: Placement, file: str) -> None:
         if p.num_micro_batches(job.global_batch_size) % p.pp:
             bad("vpp", f"interleaving needs the number of micro-batches "
                        f"({p.num_micro_batches(job.global_batch_size)}) divisible by pp={p.pp}")
-
-
-def check_sharding(model, p: Config, bad) -> None:
-    """dp_replicate divides dp and needs sharded states (zero_stage >= 1; 0 replicates everything); a dense model
-    (the experts' sharding over their own data-parallel group is Megatron-Core's, not modelled with replicas);
-    reshard_after_forward False only with zero_stage 3. `bad(field, problem)` raises."""
-    r = p.dp_replicate
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1 or p.dp % r:
-        bad("dp_replicate", f"expected a positive integer dividing dp={p.dp}, got {r!r}")
-    if r > 1 and p.zero_stage == 0:
-        bad("dp_replicate", f"dp_replicate={r} needs sharded states (zero_stage 1, 2 or 3); zero_stage 0 replicates "
-                            "everything: expected 1")
-    if r > 1 and model.moe is not None:
-        bad("dp_replicate", "sharding over part of dp is not modelled for mixture-of-experts models: expected 1")
-    if not isinstance(p.reshard_after_forward, bool):
-        bad("reshard_after_forward", f"expected true or false, got {p.reshard_after_forward!r}")
-    if not p.reshard_after_forward and p.zero_stage != 3:
-        bad("reshard_after_forward", f"false applies to zero_stage 3 (parameters sharded); got zero_stage "
-                                     f"{p.zero_stage}")
 
 
 def check_block_recompute(model, job, p: Placement, bad) -> None:

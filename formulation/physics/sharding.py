@@ -73,3 +73,22 @@ def layer_replica_bytes(instance, p, layer_params: float) -> float:
     if p.dp_replicate == 1 or p.zero_stage < 2:
         return 0.0
     return layer_params * instance.training.bytes_per_param_state[1] / p.shard_size
+
+
+def check_sharding(model, p, bad) -> None:
+    """dp_replicate divides dp and needs sharded states (zero_stage >= 1; 0 replicates everything); a dense model
+    (the experts' sharding over their own data-parallel group is Megatron-Core's, not modelled with replicas);
+    reshard_after_forward False only with zero_stage 3. `bad(field, problem)` raises."""
+    r = p.dp_replicate
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1 or p.dp % r:
+        bad("dp_replicate", f"expected a positive integer dividing dp={p.dp}, got {r!r}")
+    if r > 1 and p.zero_stage == 0:
+        bad("dp_replicate", f"dp_replicate={r} needs sharded states (zero_stage 1, 2 or 3); zero_stage 0 replicates "
+                            "everything: expected 1")
+    if r > 1 and model.moe is not None:
+        bad("dp_replicate", "sharding over part of dp is not modelled for mixture-of-experts models: expected 1")
+    if not isinstance(p.reshard_after_forward, bool):
+        bad("reshard_after_forward", f"expected true or false, got {p.reshard_after_forward!r}")
+    if not p.reshard_after_forward and p.zero_stage != 3:
+        bad("reshard_after_forward", f"false applies to zero_stage 3 (parameters sharded); got zero_stage "
+                                     f"{p.zero_stage}")

@@ -344,6 +344,26 @@ class Parts(KindBounds):
         return max(best, loaded if loaded < INF else 0.0)
 
 
+def shard_layer_floor(instance, p, layer_params: float, links: tuple, dp_cap: int, cap: int) -> tuple[float, float]:
+    """(C12) The least per-layer gather and reduce-scatter of zero 2 and 3 (0, 0 below): in a shard group with at
+    most `dp_cap` members a node, the reduce-scatter followed by the replicas' all-reduce of the layer's shard (at
+    most `cap` a node); `links` = (intra, inter, max_nodes, span) as best_group_time takes them."""
+    intra, inter, max_nodes, span = links
+    cluster, (w_bytes, g_bytes, _) = instance.cluster, instance.training.bytes_per_param_state
+    ag = rs = 0.0
+    n = p.shard_size
+    if p.zero_stage >= 2 and n > 1:
+        ag = 0.0 if p.zero_stage == 2 else best_group_time(lambda lk: cost.collective_time(
+            "all_gather", layer_params * w_bytes, lk, cluster), n, intra, inter, max_nodes, dp_cap, span=span)
+        rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", layer_params * g_bytes, lk, cluster),
+                             n, intra, inter, max_nodes, dp_cap, span=span)
+    replica = layer_replica_bytes(instance, p, layer_params)  # then across replicas, at its least over every shape
+    if replica:
+        rs += best_group_time(lambda lk: cost.collective_time("all_reduce", replica, lk, cluster), p.dp_replicate,
+                              intra, inter, max_nodes, cap, span=span)
+    return ag, rs
+
+
 def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None,
                 whole_ep: bool = False) -> Parts:
     """The pieces of (B1). `whole_tp`: under the assumption that every tp group lies inside one node (so a node
@@ -358,7 +378,6 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     max_nodes, cap = len(cluster.nodes), max(n.num_gpus for n in cluster.nodes)
     first = stage_constants(instance, p, 0, gpu_type)
     last = stage_constants(instance, p, config.pp - 1, gpu_type)
-    w_bytes, g_bytes, _ = job.bytes_per_param_state
     span = span_bandwidth(cluster)
     whole_tp = whole_tp and config.tp <= cap
     dp_cap = cap // config.tp if whole_tp else cap  # members of one dp (or cp) group on a node
@@ -373,17 +392,7 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
             cp = cost.cp_layer_comm(model, job, p, min(intra, inter), False, cluster)
         else:
             cp = cost.cp_layer_comm(model, job, p, best_bw, config.cp <= cap, cluster)
-    ag = rs = 0.0
-    if config.zero_stage >= 2:  # zero 3's gathers, zero 2 and 3's per-layer reduce-scatter, in a shard group
-        n = config.shard_size
-        if n > 1:
-            ag = 0.0 if config.zero_stage == 2 else best_group_time(lambda lk: cost.collective_time(
-                "all_gather", first.layer_params * w_bytes, lk, cluster), n, intra, inter, max_nodes, dp_cap, span=span)
-            rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
-                                                                 cluster), n, intra, inter, max_nodes, dp_cap, span=span)
-        replica = layer_replica_bytes(instance, p, first.layer_params)  # (C12) then across replicas, at its least
-        rs += best_group_time(lambda lk: cost.collective_time("all_reduce", replica, lk, cluster), config.dp_replicate,
-                              intra, inter, max_nodes, cap, span=span) if replica else 0.0
+    ag, rs = shard_layer_floor(instance, p, first.layer_params, (intra, inter, max_nodes, span), dp_cap, cap)
     ep = expert_layer_floor(instance, p, intra, inter, max_nodes, cap, span)
     lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs, ep)
     mixed = layer_kinds.is_mixed(model)  # (E1) an MoE layer's time, with what a dense layer saves against it
