@@ -80,6 +80,7 @@ def brute_force(instance, data) -> float:
 
 SEEDS = list(range(12))
 QUICK = 4  # the quick suite checks the first seeds (one backend each); every seed with every backend runs with -m slow
+PROGRAM_SEEDS = [s for s in SEEDS if s != 8]  # seed 8 fits nothing (its search test checks that it says so)
 
 
 @pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS, slow_seeds=SEEDS[QUICK:]))
@@ -97,7 +98,7 @@ def test_search_with_free_shard_degree_equals_brute_force(seed, backend):
     assert result.solver.bound_s <= result.estimate.iteration_time_s * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS, slow_seeds=SEEDS[QUICK:]))
+@pytest.mark.parametrize("seed,backend", seeds_by_backend(PROGRAM_SEEDS, slow_seeds=PROGRAM_SEEDS[QUICK:]))
 def test_every_sharded_program_equals_the_evaluator(seed, backend):
     """Each configuration's program that has a partition fitting in memory (dp_replicate > 1 and zero 2 among
     them) against evaluate() of its decoded placement, and the cheap bound below it."""
