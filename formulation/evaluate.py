@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from formulation.physics import cost, layer_kinds, moe_cost, schedules
+from formulation.physics import cost, layer_kinds, moe_cost, schedules, sharding
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
 from formulation.intervals import (POOLED, evidence, interval_basis, interval_note, prediction_interval,
                                    slow_tail_share, stack_kind)
@@ -141,6 +141,7 @@ class StageLinks:
     dp_links: tuple
     gpus: object = None  # np.ndarray of GPU indices
     edp_links: tuple = ()  # expert-data-parallel groups' links (mixture-of-experts)
+    rep_links: tuple = ()  # replicate groups' links (dp_replicate > 1; dp_links are then the shard groups')
     dense_layer: object = None  # LayerTime of a dense layer (models with both layer kinds only)
 
 
@@ -152,9 +153,10 @@ def stage_links(instance, p: Placement, i: int) -> StageLinks:
         instance, p, "tp", cost.group_links(cluster, g))) if p.tp > 1 else 0.0
     cp = _max_group(p.cp_groups(i), lambda g: group_comm(
         instance, p, "cp", cost.group_links(cluster, g))) if p.cp > 1 else 0.0
-    dp_links = tuple(cost.group_links(cluster, g) for g in p.dp_cp_groups(i)) if p.dp * p.cp > 1 else ()
+    dp_links = tuple(cost.group_links(cluster, g) for g in p.shard_groups(i)) if p.shard_size > 1 else ()
     if not moe_cost.is_moe(instance.model):
-        return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links)
+        rep = tuple(cost.group_links(cluster, g) for g in p.replicate_groups(i)) if p.dp_replicate > 1 else ()
+        return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links, rep_links=rep)
     # (E7) slowest expert-parallel group's dispatch and combine, slowest expert-tp group's gather and scatter
     ep = _max_group(p.moe_ep_groups(i), lambda g: group_comm(
         instance, p, "ep", cost.group_links(cluster, g))) if p.ep > 1 else 0.0
@@ -191,9 +193,10 @@ def pipeline_send(cluster, message: float, src: int, dst: int) -> float:
 
 
 def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float, dp_links: tuple,
-                      moe_layer: float = 0.0, edp_links: tuple = ()) -> StageLinks:
+                      moe_layer: float = 0.0, edp_links: tuple = (), rep_links: tuple = ()) -> StageLinks:
     """Stage i from what its groups measure: the forward communication of its slowest tp group and cp ring
-    and the links of its dp groups; `gpus` are its GPUs (any GPUs of the same GPU types give the same).
+    and the links of its dp groups (its shard groups, and `rep_links` its replicate groups', with dp_replicate >
+    1); `gpus` are its GPUs (any GPUs of the same GPU types give the same).
     Mixture-of-experts: `moe_layer` the forward communication of one MoE layer over its slowest expert-parallel
     and expert-tp groups (a dense layer of a model with both kinds has none, (E1)), `edp_links` the
     expert-data-parallel groups' links."""
@@ -208,9 +211,21 @@ def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float
     ag = rs = 0.0
     if p.zero_stage >= 3 and dp_links:
         ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
+    if sharding.per_layer_reduce_scatter(p) and dp_links:  # zero 2 and 3 (C12)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster) for lk in dp_links)
+    if sharding.per_layer_reduce_scatter(p) and rep_links:  # then the layer's shard all-reduced across replicas
+        rs += max(cost.collective_time("all_reduce", sharding.layer_replica_bytes(instance, p, k.layer_params), lk,
+                                       cluster) for lk in rep_links)
     ep = moe_cost.moe_fraction(model) * moe_layer  # 1 or 0: a model of one kind
-    return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs, ep), dp_links, gpus, edp_links)
+    return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs, ep), dp_links, gpus, edp_links,
+                      rep_links=rep_links)
+
+
+def replica_time(cluster, rep_links: tuple):
+    """(C11) The slowest replicate group's all-reduce of a message, or None without replicas."""
+    if not rep_links:
+        return None
+    return lambda message: max(cost.collective_time("all_reduce", message, lk, cluster) for lk in rep_links)
 
 
 def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLinks | None = None,
@@ -237,7 +252,8 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
     # (C11) data-parallel synchronisation after the stage's last backward
     dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message: max(
         cost.collective_time(kind, message, lk, cluster) for lk in sl.dp_links), (lambda kind, message: max(
-            cost.collective_time(kind, message, lk, cluster) for lk in sl.edp_links)) if sl.edp_links else None)
+            cost.collective_time(kind, message, lk, cluster) for lk in sl.edp_links)) if sl.edp_links else None,
+        replica_time(cluster, sl.rep_links))
     opt_fixed, opt_per_layer = memory_coefficients(instance, p, i).optimizer
     return StageEstimate(
         stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
@@ -263,7 +279,8 @@ def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: Stage
     bwd = n_r * lf.backward + n_p * ln.backward + 2 * k.output_fwd
     compute = n_r * (kf.f_compute + kf.b_compute) + n_p * (kn.f_compute + kn.b_compute) + 3 * k.output_fwd
     dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message: max(
-        cost.collective_time(kind, message, lk, cluster) for lk in sf.dp_links))
+        cost.collective_time(kind, message, lk, cluster) for lk in sf.dp_links),
+        replica_slowest=replica_time(cluster, sf.rep_links))
     opt_fixed, opt_per_layer = memory_coefficients(instance, full, i).optimizer
 
     def per_kind(field: str) -> float:

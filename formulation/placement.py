@@ -15,6 +15,7 @@ from formulation.errors import InputError, Section
 from formulation.inputs.frameworks import stack_schedules
 from formulation.inputs.job import PYTORCH_STACKS, RECOMPUTE_CHOICES, ZERO_STAGES
 from formulation.physics import moe_overlap
+from formulation.physics.sharding import check_sharding as sharding_problem
 
 
 @dataclass(frozen=True, order=True)
@@ -42,11 +43,30 @@ class Config:
     # pipeline schedule family (formulation/physics/schedules.py): "1f1b" (1F1B, interleaved with vpp > 1) or
     # "zero_bubble" (ZB-H1, InterleavedZeroBubble with vpp > 1)
     schedule: str = field(default="1f1b", kw_only=True)
+    # sharded data parallelism (docs/model.md (M1)-(M3), (C11)-(C12), formulation/physics/sharding.py): dp =
+    # dp_shard x dp_replicate; ZeRO states are sharded over dp_shard x cp ranks (torchtitan's dp_shard_cp mesh,
+    # Megatron's distributed-optimizer instance) and replicated over dp_replicate groups (HSDP; Megatron-Core's
+    # num_distributed_optimizer_instances). 1: one shard group over the whole dp x cp group.
+    dp_replicate: int = field(default=1, kw_only=True)
+    # zero_stage 3: parameters freed after each layer's forward and gathered again in its backward (FSDP's
+    # reshard_after_forward, FULL_SHARD); False keeps them unsharded until the backward (SHARD_GRAD_OP)
+    reshard_after_forward: bool = field(default=True, kw_only=True)
 
     def sizes(self) -> str:
         """The parallel sizes, the one spelling every table, title and message uses."""
         experts = f" ep={self.ep} etp={self.etp}" if (self.ep, self.etp) != (1, 1) else ""
-        return f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp}{experts}"
+        shards = f" dp_shard={self.dp_shard} dp_replicate={self.dp_replicate}" if self.dp_replicate > 1 else ""
+        return f"tp={self.tp} pp={self.pp} cp={self.cp} dp={self.dp}{shards}{experts}"
+
+    @property
+    def dp_shard(self) -> int:
+        """Data-parallel replicas in one shard group (dp / dp_replicate)."""
+        return self.dp // self.dp_replicate
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks the ZeRO states of a stage are sharded over: dp_shard x cp."""
+        return self.dp // self.dp_replicate * self.cp
 
     @property
     def expert_dp(self) -> int:
@@ -55,8 +75,9 @@ class Config:
 
     def describe(self) -> str:
         overlap = " a2a-overlap" if self.moe_a2a_overlap else ""
+        keep = "" if self.reshard_after_forward else " reshard_after_forward=False"
         return (f"{self.sizes()} vpp={self.vpp} mbs={self.micro_batch_size} recompute={self.recompute} "
-                f"zero={self.zero_stage}{overlap}{self.schedule_text}")
+                f"zero={self.zero_stage}{keep}{overlap}{self.schedule_text}")
 
     @property
     def schedule_name(self) -> str:
@@ -137,6 +158,21 @@ class Placement(Config):
         """Megatron's data-parallel group with context parallelism: same tp and pp coordinate."""
         return self.grid[stage].transpose(2, 0, 1).reshape(self.tp, -1)
 
+    def shard_groups(self, stage: int) -> np.ndarray:
+        """The groups a stage's ZeRO states are sharded over: dp_shard x cp ranks of one tp coordinate and replica,
+        cp fastest; contiguous pieces of `dp_cp_groups` (Megatron-Core's intra distributed-optimizer instance groups
+        are consecutive slices of its dp-cp ranks; torchtitan's mesh is [pp, dp_replicate, dp_shard, cp, tp]).
+        With dp_replicate 1 they are `dp_cp_groups`, row for row."""
+        r = self.dp_replicate
+        return self.grid[stage].reshape(r, self.dp // r, self.cp, self.tp).transpose(0, 3, 1, 2).reshape(
+            -1, self.shard_size)
+
+    def replicate_groups(self, stage: int) -> np.ndarray:
+        """The groups that all-reduce a stage's sharded gradients across replicas: the dp_replicate ranks of one
+        tp, cp and shard coordinate (Megatron-Core's inter distributed-optimizer instance groups)."""
+        r = self.dp_replicate
+        return self.grid[stage].reshape(r, self.dp // r, self.cp, self.tp).transpose(1, 2, 3, 0).reshape(-1, r)
+
     def stage_gpus(self, stage: int) -> np.ndarray:
         return self.grid[stage].reshape(-1)
 
@@ -187,6 +223,10 @@ class Placement(Config):
             del out["moe_a2a_overlap"]
         if self.schedule == "1f1b":  # 1F1B plans keep their keys
             del out["schedule"]
+        if self.dp_replicate == 1:  # one shard group: the plans before sharded data parallelism
+            del out["dp_replicate"]
+        if self.reshard_after_forward:
+            del out["reshard_after_forward"]
         out["layers_per_stage"] = list(self.layers_per_stage)
         out["gpus"] = [cluster.gpu_name(g) for g in self.gpus] if cluster is not None else list(self.gpus)
         return out
@@ -272,6 +312,7 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("schedule", f"expected 1f1b or zero_bubble; got {p.schedule!r}")
     if p.schedule != "1f1b" and p.pp < 2:
         bad("schedule", "a zero-bubble schedule needs pp >= 2")
+    sharding_problem(model, p, bad)
     if p.vpp > 1:
         if p.pp < 2:
             bad("vpp", "interleaving (vpp > 1) needs pp >= 2")
@@ -314,9 +355,9 @@ def check_experts(model, p: Config, bad) -> None:
         if (p.ep, p.etp) != (1, 1):
             bad("ep" if p.ep != 1 else "etp", f"ep={p.ep} etp={p.etp}: {model.name} has no experts (expected 1)")
         return
-    if p.zero_stage >= 3:
-        bad("zero_stage", "zero_stage=3 is not modelled for mixture-of-experts models (Megatron-Core shards experts "
-                          "with its distributed optimizer): expected 0 or 1")
+    if p.zero_stage >= 2:
+        bad("zero_stage", f"zero_stage={p.zero_stage} is not modelled for mixture-of-experts models (Megatron-Core "
+                          "shards experts with its distributed optimizer): expected 0 or 1")
     ranks = p.tp * p.cp * p.dp
     if ranks % (p.ep * p.etp):
         bad("ep", f"etp={p.etp} x ep={p.ep} = {p.ep * p.etp} must divide tp={p.tp} x cp={p.cp} x dp={p.dp} = "
@@ -340,6 +381,8 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
     a2a_overlap = sec.boolean("moe_a2a_overlap", default=False)
     schedule = sec.string("schedule", default="1f1b", choices=("1f1b", "zero_bubble"))
+    dp_replicate = sec.integer("dp_replicate", default=1, minimum=1)
+    reshard = sec.boolean("reshard_after_forward", default=True)
     if sec.has("zero_stage") and sec.data["zero_stage"] is None:  # null is not "leave it out"
         raise sec.error("zero_stage", f"expected one of {ZERO_STAGES}; got null (leave the field out for the "
                                       "default: 1 with distributed_optimizer true, else 0)")
@@ -377,7 +420,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, ep=ep, etp=etp, layers_per_stage=tuple(layers), gpus=gpus,
                           recompute_num_layers=recompute_num_layers, moe_a2a_overlap=a2a_overlap,
-                          schedule=schedule)
+                          schedule=schedule, dp_replicate=dp_replicate, reshard_after_forward=reshard)
     check_placement(instance, placement, file)
     job = instance.training
     runs = stack_schedules(job.software_stack, job.torch_compile)

@@ -70,13 +70,15 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
             families = allowed_families(job.pipeline_schedules, vpp) if pp > 1 else ["1f1b"]
             for recompute in job.recompute:
                 for zero in job.zero_stage:
-                    if zero >= 3 and model.moe is not None:  # Megatron-Core shards experts with its
-                        continue  # distributed optimizer (zero 1), not ZeRO-3
+                    if zero >= 2 and model.moe is not None:  # Megatron-Core shards experts with its
+                        continue  # distributed optimizer (zero 1), not ZeRO-2/3
                     for ep, etp in expert_sizes(instance, tp * cp * dp):
                         for family in families:
-                            config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp, schedule=family)
-                            if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
-                                yield from overlap_choices(instance, config)
+                            for r, reshard in sharding_choices(instance, dp, cp, zero):
+                                config = Config(tp, pp, cp, dp, vpp, mbs, recompute, zero, ep=ep, etp=etp,
+                                                schedule=family, dp_replicate=r, reshard_after_forward=reshard)
+                                if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
+                                    yield from overlap_choices(instance, config)
 
 
 def overlap_choices(instance, config: Config) -> Iterator[Config]:
@@ -87,6 +89,18 @@ def overlap_choices(instance, config: Config) -> Iterator[Config]:
         yield config
     if True in job.moe_a2a_overlap and not moe_overlap.problem(instance.model, job, config):
         yield replace(config, moe_a2a_overlap=True)
+
+
+def sharding_choices(instance, dp: int, cp: int, zero: int) -> list[tuple[int, bool]]:
+    """(dp_replicate, reshard_after_forward) pairs of a configuration: replicas from the job's
+    `dp_replicate_sizes` (0: every divisor of dp) dividing dp, only with sharded states (zero >= 1) of a dense
+    model; reshard_after_forward from the job's choices with zero 3, else True. Default: (1, True) alone."""
+    job = instance.training
+    sizes = divisors(dp) if 0 in job.dp_replicate_sizes else [r for r in job.dp_replicate_sizes if dp % r == 0]
+    if zero == 0 or instance.model.moe is not None:
+        sizes = [1]
+    reshard = job.reshard_after_forward if zero == 3 else (True,)
+    return [(r, keep) for r in sizes for keep in reshard]
 
 
 def expert_sizes(instance, ranks: int) -> list[tuple[int, int]]:

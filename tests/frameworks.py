@@ -41,12 +41,15 @@ class _RecordedGroup:
 
 
 def initialize_model_parallel_groups(tp: int, cp: int, dp: int, pp: int, ep: int = 1, etp: int | None = None,
-                                     descs: dict[str, str] = GROUP_DESCS) -> dict[str, list[list[int]]]:
+                                     descs: dict[str, str] = GROUP_DESCS, instances: int = 1
+                                     ) -> dict[str, list[list[int]]]:
     """The groups megatron-core's real `initialize_model_parallel` creates, in creation order (the dense ones, or
     with `descs=EXPERT_GROUP_DESCS` the expert ones for `ep` and `etp`).
 
     torch.distributed is told it runs `tp*cp*dp*pp` ranks and `new_group` records its ranks and group_desc
     instead of creating a communicator; every rank creates every group, so rank 0's calls list them all.
+    `instances`: num_distributed_optimizer_instances (its intra-instance groups under INTRA_PARTIAL_DATA_PARALLEL_
+    GROUP_WITH_CP).
     """
     parallel_state = require("megatron.core.parallel_state")
     dist = require("torch.distributed")
@@ -63,7 +66,8 @@ def initialize_model_parallel_groups(tp: int, cp: int, dp: int, pp: int, ep: int
         try:
             parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                                      context_parallel_size=cp, expert_model_parallel_size=ep,
-                                                     expert_tensor_parallel_size=etp)
+                                                     expert_tensor_parallel_size=etp,
+                                                     num_distributed_optimizer_instances=instances)
         finally:
             parallel_state.destroy_model_parallel()
     return {name: [g.ranks for g in created if g.desc == desc] for name, desc in descs.items()}

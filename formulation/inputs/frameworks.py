@@ -4,7 +4,11 @@ and the decisions it can run, so that the plan and its launch files agree (docs/
 A framework sets the training section's `software_stack` (its calibrated efficiencies and behaviours,
 docs/physics.md) and reads each listed `zero_stage` as the one it runs in its place; `config_problem` then says
 why it cannot run a configuration (the configuration space skips those, `solve --evaluate` refuses them):
-- megatron (Megatron-LM / Megatron-Core): zero_stage 0 (DDP), 1 (distributed optimizer), 3 (Megatron-FSDP).
+- megatron (Megatron-LM / Megatron-Core): zero_stage 0 (DDP), 1 (distributed optimizer; dp_replicate > 1 its
+  --num-distributed-optimizer-instances), 2 and 3 (Megatron-FSDP optim_grads, optim_grads_params) without
+  replicas and resharding after the forward.
+- torchtitan: HSDP (data_parallel_replicate_degree = dp_replicate beside data_parallel_shard_degree = dp_shard)
+  and fsdp_reshard_after_forward "always" / "never"; a listed 2 is read as 3.
 - torchtitan (PyTorch FSDP2): zero_stage 3 is FSDP over dp x cp (`data_parallel_shard_degree`), 0 replicate
   (`data_parallel_replicate_degree`). It has no optimizer-only sharding, so a listed 1 is read as 3. With cp > 1
   its FSDP mesh is dp_shard x cp, so parameters are always sharded over the cp ranks; torchtitan 0.2.x refuses
@@ -38,7 +42,7 @@ def stack_schedules(stack: str, torch_compile: bool) -> tuple[str, ...]:
     names = STACK_SCHEDULES.get(stack, STACK_SCHEDULES["megatron"])
     return tuple(n for n in names if not (torch_compile and stack != "megatron" and n in COMPILE_REFUSES))
 # the zero stage each framework runs in place of each planner stage
-_ZERO_STAGE_AS = {"megatron": {0: 0, 1: 1, 3: 3}, "torchtitan": {0: 0, 1: 3, 3: 3}}
+_ZERO_STAGE_AS = {"megatron": {0: 0, 1: 1, 2: 2, 3: 3}, "torchtitan": {0: 0, 1: 3, 2: 3, 3: 3}}
 
 
 def framework_zero_stages(framework: str, zero_stages: tuple[int, ...]) -> tuple[int, ...]:
@@ -65,6 +69,10 @@ def config_problem(framework: str | None, seq_length: int, p) -> tuple[str, str]
     if p.cp > 1 and seq_length % (2 * p.cp):
         return "cp", (f"{framework} cannot run cp {p.cp} at seq_length {seq_length}: it splits the sequence into "
                       f"2 x cp = {2 * p.cp} chunks (causal load balancing)")
+    if framework == "megatron" and (p.dp_replicate > 1 and p.zero_stage != 1 or not p.reshard_after_forward):
+        return "dp_replicate", ("megatron runs replicas of a shard group only for its distributed optimizer "
+                                "(zero_stage 1, --num-distributed-optimizer-instances), and Megatron-FSDP reshards "
+                                "after the forward")
     if framework != "torchtitan":
         return None
     if p.zero_stage not in torchtitan_zero_stages(p, "0.2"):
@@ -93,7 +101,8 @@ def describe(job) -> str:
     """The decisions the job's framework searches, in a phrase for the report."""
     zero = list(job.zero_stage)
     if job.framework == "torchtitan":
-        return (f"zero_stage {zero} (3: FSDP2 over dp x cp; 0: replicate, only without tp, pp or cp; a listed 1 is "
-                f"read as 3), cp with seq_length divisible by 2 x cp")
-    return (f"zero_stage {zero} (0: DDP, 1: distributed optimizer, 3: Megatron-FSDP), cp with seq_length divisible "
-            f"by 2 x cp")
+        return (f"zero_stage {zero} (3: FSDP2 over dp_shard x cp, replicated over dp_replicate (HSDP), resharded "
+                f"after the forward or not; 0: replicate, only without tp, pp or cp; a listed 1 or 2 is read as 3), "
+                f"cp with seq_length divisible by 2 x cp")
+    return (f"zero_stage {zero} (0: DDP, 1: distributed optimizer, over dp_replicate instances where allowed, 2 and 3: "
+            f"Megatron-FSDP), cp with seq_length divisible by 2 x cp")

@@ -14,7 +14,7 @@ RECOMPUTE_CHOICES = ("none", "selective", "full")
 # order; "core_attn" alone is its default and what `selective` meant before modules existed (Korthikanti et al.)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
-ZERO_STAGES = (0, 1, 3)
+ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = ("bf16", "fp16", "fp8")
 # Megatron-LM / NeMo (Megatron-Core), Megatron-DeepSpeed and other DeepSpeed ZeRO-1-era stacks, torchtitan
 # (PyTorch FSDP2) and MosaicML's llm-foundry (Composer on PyTorch FSDP1). `fsdp` is the earlier name of the
@@ -96,6 +96,10 @@ class TrainingJob:
     # Megatron-Core's MoE all-to-all overlap (docs/moe.md (E10)): the choices the search may take where Megatron-Core
     # runs it (formulation/physics/moe_overlap.py); default both on the megatron stack, off elsewhere
     moe_a2a_overlap: tuple[bool, ...] = (False, True)
+    # sharded data parallelism (formulation/physics/sharding.py): allowed dp_replicate sizes (0: every divisor of
+    # dp; HSDP, Megatron's distributed-optimizer instances) and reshard_after_forward choices under zero_stage 3
+    dp_replicate_sizes: tuple[int, ...] = (1,)
+    reshard_after_forward: tuple[bool, ...] = (True,)
 
     def sequence_parallel_size(self, tp: int) -> int:
         """How many ways the norm/residual activations and the pipeline messages are split: tp with sequence
@@ -152,6 +156,25 @@ def _sizes(sec: Section, key: str, default: tuple) -> tuple[int, ...]:
             isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
         raise sec.error(key, f"expected a non-empty list of positive integers, got {value!r}")
     return tuple(sorted(set(value)))
+
+
+def _replicate_sizes(sec: Section, framework: str | None) -> tuple[int, ...]:
+    """`dp_replicate_sizes`: "all" (every divisor of dp, stored as (0,)) or a list of positive integers; default
+    "all" for a torchtitan plan (its HSDP is one setting), else [1] (one shard group over dp x cp, as before)."""
+    value = sec.raw("dp_replicate_sizes", "all" if framework == "torchtitan" else [1])
+    if value == "all":
+        return (0,)
+    return _sizes(sec, "dp_replicate_sizes", (1,))
+
+
+def _reshard_choices(sec: Section, framework: str | None) -> tuple[bool, ...]:
+    """`reshard_after_forward`: true, false or a list of them (the choices under zero_stage 3); default both for
+    a torchtitan plan (its fsdp_reshard_after_forward), else true."""
+    value = sec.raw("reshard_after_forward", [True, False] if framework == "torchtitan" else [True])
+    value = [value] if isinstance(value, bool) else value
+    if not isinstance(value, list) or not value or any(not isinstance(v, bool) for v in value):
+        raise sec.error("reshard_after_forward", f"expected true, false or a list of them, got {value!r}")
+    return tuple(sorted(set(value), reverse=True))
 
 
 def _stack_and_framework(sec: Section, flag: str | None) -> tuple[str, str | None, str]:
@@ -216,6 +239,8 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         expert_parallel_sizes=_sizes(sec, "expert_parallel_sizes", ()) if sec.has("expert_parallel_sizes") else (),
         expert_tensor_parallel_sizes=_sizes(sec, "expert_tensor_parallel_sizes", (1,)),
         moe_token_dispatcher=sec.string("moe_token_dispatcher", default="alltoall", choices=MOE_DISPATCHERS),
+        dp_replicate_sizes=_replicate_sizes(sec, framework),
+        reshard_after_forward=_reshard_choices(sec, framework),
         moe_load_imbalance=sec.number("moe_load_imbalance", default=MOE_LOAD_IMBALANCE, minimum=1.0, maximum=64.0),
         moe_grouped_gemm=sec.boolean("moe_grouped_gemm", default=True),
         moe_a2a_overlap=_overlap_choices(sec, stack),

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from formulation.inputs.mxfp8 import SCALE_BYTES_PER_ELEMENT
-from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, moe_overlap, recompute_modules
+from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, moe_overlap, recompute_modules, sharding
 from formulation.physics.schedules import in_flight_layer_microbatches, in_flight_micro_batches
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
@@ -236,7 +236,6 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     model, job = instance.model, instance.training
     kind = kind or ("moe" if model.moe is not None else "dense")
     w_bytes, g_bytes, o_bytes = job.bytes_per_param_state
-    shard = p.dp * p.cp  # Megatron's distributed optimizer shards over dp x cp
     layer_params = model.layer_matmul_params / p.tp + model.layer_norm_params
     fixed_params = 0.0
     if stage == 0:
@@ -244,14 +243,13 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     if stage == p.pp - 1:
         fixed_params += model.output_params / p.tp + model.hidden_size
     # (M1)-(M3) weights, gradients, optimizer state
-    w_div = shard if p.zero_stage >= 3 else 1
-    o_div = shard if p.zero_stage >= 1 else 1
+    w_div, g_div, o_div = sharding.state_divisors(p)  # over dp_shard x cp (Megatron's distributed optimizer: dp x cp)
     g_bytes += bf16_optimizer_fp32_grad_bytes(job, p)
-    per_layer = (layer_params * w_bytes / w_div, layer_params * g_bytes / w_div, layer_params * o_bytes / o_div)
+    per_layer = (layer_params * w_bytes / w_div, layer_params * g_bytes / g_div, layer_params * o_bytes / o_div)
     if moe_cost.is_moe(model):  # (EM1) experts split by ep x etp, their optimizer over expert data parallelism
         per_layer = moe_memory.layer_state_bytes(instance, p, kind)
     weights = (fixed_params * w_bytes / w_div, per_layer[0])
-    gradients = (fixed_params * g_bytes / w_div, per_layer[1])
+    gradients = (fixed_params * g_bytes / g_div, per_layer[1])
     optimizer = (fixed_params * o_bytes / o_div, per_layer[2])
     # (M4)-(M5) activations
     m = p.num_micro_batches(job.global_batch_size)
@@ -278,6 +276,8 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     buf_fixed += moe_memory.dispatch_buffer_bytes(model, job, p)  # (EM4), 0 for dense models
     buf_fixed += moe_overlap.buffer_bytes(model, job, p)  # (EM5), 0 without the all-to-all overlap
     buf_per_layer = layer_params * unsharded_pipeline_bytes(job, p)
+    shard_fixed, shard_per_layer = sharding.sharding_buffer_bytes(p, layer_params, w_bytes, g_bytes, buf_per_layer > 0)
+    buf_fixed, buf_per_layer = buf_fixed + shard_fixed, buf_per_layer + shard_per_layer
     if job.software_stack in DEEPSPEED and 1 <= p.zero_stage < 3:
         # DeepSpeed ZeRO-1 stages its reduce-scatter and all-gather through two 16-bit bucket buffers
         buf_fixed += 2 * DEEPSPEED_BUCKET_ELEMENTS * 2.0
@@ -384,7 +384,7 @@ def outside_allocator_gib(p, runtime_overhead_gib: float) -> tuple[float, float]
     for each collective group larger than one (tp, cp, the data-parallel group dp x cp), two pipeline peers.
     Both are part of `runtime_overhead_gib` (the nvidia-smi figure keeps it whole); scaled down to fit in it
     where a GPU type sets a smaller overhead."""
-    groups = sum(1 for size in (p.tp, p.cp, p.dp * p.cp) if size > 1)
+    groups = sum(1 for size in (p.tp, p.cp, p.dp * p.cp) if size > 1) + sharding.extra_groups(p)
     nccl = groups * nccl_buffer_bytes(NCCL_RING_CHANNELS, 1)
     if p.pp > 1:
         nccl += nccl_buffer_bytes(NCCL_P2P_CHANNELS_PER_PEER, 2)

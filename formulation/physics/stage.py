@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from formulation.physics import cost, moe_cost, recompute_modules
+from formulation.physics import cost, moe_cost, recompute_modules, sharding
 from formulation.physics.memory import memory_coefficients
 
 
@@ -31,6 +31,7 @@ class StageConstants:
     tp_recompute_passes: float = 0.0  # ... of the tp communication (C4: half under torchtitan's op-level policy)
     backward_gathers_exposed: bool = False  # (C12) FSDP1's "post" backward prefetch: nothing hides them
     ep_overlap: bool = False  # (E10) Megatron-Core's MoE all-to-all overlap: expert communication beside compute
+    backward_gathers: bool = True  # (C12) the backward gathers the layer's parameters again (not without reshard)
 
     @property
     def ep_passes(self) -> float:
@@ -78,7 +79,7 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
     b_compute = 2 * lt.forward + extra
     w_bytes = job.bytes_per_param_state[0]
     c = memory_coefficients(instance, p, stage)
-    unshard = p.dp * p.cp if p.zero_stage >= 3 else 1
+    unshard = sharding.state_divisors(p)[0]
     per_layer, experts = c.weights[1] / w_bytes * unshard, 0.0
     if moe_cost.is_moe(model):  # (E1) the layer's parameters, experts apart
         per_layer, experts = moe_cost.layer_params_per_gpu(model, p, kind)
@@ -90,7 +91,8 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
         layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts,
         backward_gathers_exposed=(p.zero_stage >= 3 and job.fsdp_backward_prefetch == "post"
                                   and cost.term("fsdp_post_prefetch")),
-        ep_overlap=getattr(p, "moe_a2a_overlap", False) and kind != "dense")
+        ep_overlap=getattr(p, "moe_a2a_overlap", False) and kind != "dense",
+        backward_gathers=p.zero_stage < 3 or p.reshard_after_forward)
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,7 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     """(C6), (C8), (C12), (E7): exposed communication of one layer given its stage's slowest groups.
 
     tp, cp: forward communication of the slowest tp / cp group; ag, rs: ZeRO-3 per-layer all-gather and
-    reduce-scatter of the slowest data-parallel group (0 without ZeRO-3); ep: forward token dispatch and
+    reduce-scatter of the slowest shard group (0 without ZeRO-3; zero 2: rs alone); ep: forward token dispatch and
     combine of the mean layer over its slowest expert groups (backward the same again, full recompute once more;
     with the all-to-all overlap (E10) what compute leaves exposed, `StageConstants.ep_exposed`, shared between
     forward and backward as the passes are). Non-decreasing in every argument.
@@ -196,9 +198,11 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     tp_b += k.tp_recompute_passes * tp_f
     cp_f = max(0.0, cp - k.attention_fwd)
     cp_b = 2 * cp_f * (1 + k.recompute_passes / 2)
-    # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook).
+    # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook), unless the
+    # forward's gathered parameters were kept (reshard_after_forward False).
     z3_f = max(0.0, ag - (k.f_compute + tp_f + cp_f))
-    z3_b = ag + rs if k.backward_gathers_exposed else max(0.0, ag + rs - (k.b_compute + tp_b + cp_b))
+    ag_b = ag if k.backward_gathers else 0.0
+    z3_b = ag_b + rs if k.backward_gathers_exposed else max(0.0, ag_b + rs - (k.b_compute + tp_b + cp_b))
     if k.ep_overlap:
         exposed = k.ep_exposed(ep)
         ep_f = exposed / k.ep_passes
@@ -213,8 +217,10 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
 def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str, float, bool, float]]:
     """(C11) The stage's data-parallel synchronisation as (collective, message bytes, overlapped, window).
 
-    zero 0: all-reduce of the gradients; zero 1: reduce-scatter of gradients + all-gather of parameters;
-    zero 3 synchronises per layer instead (C12), so nothing here.
+    zero 0: all-reduce of the gradients; zero 1: reduce-scatter of gradients + all-gather of parameters, both in
+    the shard groups; with replicas (dp_replicate > 1) the reduce-scatter part also carries the all-reduce of the
+    gradient shard across them (`sharding.replica_messages`, added by `dp_sync`). zero 2 reduce-scatters (and
+    all-reduces across replicas) per layer instead (C12) and all-gathers here; zero 3 synchronises per layer.
     """
     job = instance.training
     if p.dp * p.cp == 1 or p.zero_stage >= 3:
@@ -223,8 +229,10 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
     params = k.stage_params(layers)
     if p.zero_stage == 0:
         return [("all_reduce", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers))]
-    return [("reduce_scatter", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers)),
-            ("all_gather", params * w_bytes, job.overlap_param_gather, k.window_f(layers))]
+    sharded = p.shard_size > 1  # a shard group of one rank (dp_replicate = dp, cp = 1) exchanges nothing
+    parts = [] if p.zero_stage == 2 else [("reduce_scatter", params * g_bytes if sharded else 0.0,
+                                          job.overlap_grad_reduce, k.window_b(layers))]
+    return parts + [("all_gather", params * w_bytes if sharded else 0.0, job.overlap_param_gather, k.window_f(layers))]
 
 
 def dp_part_exposed(time: float, window: float, overlapped: bool) -> float:
@@ -273,18 +281,22 @@ def expert_only_parts(instance, k: StageConstants, layers: int, experts) -> list
     return [(kind, 0.0, overlap[kind], windows[kind]) for kind in experts]
 
 
-def dp_sync(instance, p, k: StageConstants, layers: int, slowest, expert_slowest=None) -> tuple[float, float]:
+def dp_sync(instance, p, k: StageConstants, layers: int, slowest, expert_slowest=None, replica_slowest=None
+            ) -> tuple[float, float]:
     """(C11) The stage's data-parallel sync and its exposed part: `slowest(kind, message)` is the time of the
-    stage's slowest dp group for that collective; `expert_slowest(kind, message)` the same over the expert-data-
-    parallel groups (E9), which share the collective's window."""
+    stage's slowest shard group (the dp x cp group without replicas) for that collective; `expert_slowest(kind,
+    message)` the same over the expert-data-parallel groups (E9), `replica_slowest(message)` the all-reduce of the
+    slowest replicate group (dp_replicate > 1); each shares the window of the collective it follows."""
     parts = dp_sync_parts(instance, p, k, layers)
     experts = expert_dp_messages(instance, p, k, layers) if expert_slowest else {}
+    replicas = sharding.replica_messages(instance, p, k.stage_params(layers)) if replica_slowest else {}
     if experts and not parts:  # the dense parameters need no sync, the experts do
         parts = expert_only_parts(instance, k, layers, experts)
     total = exposed = 0.0
     for kind, message, overlapped, window in parts:
         time = (slowest(kind, message) if message > 0 else 0.0) + (
-            expert_slowest(kind, experts[kind]) if kind in experts else 0.0)
+            expert_slowest(kind, experts[kind]) if kind in experts else 0.0) + (
+            replica_slowest(replicas[kind]) if kind in replicas else 0.0)
         total += time
         exposed += dp_part_exposed(time, window, overlapped)
     return total, exposed

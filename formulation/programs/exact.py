@@ -17,12 +17,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from formulation.physics import cost, layer_kinds
+from formulation.physics import cost, layer_kinds, sharding
 from formulation.physics.cost import GroupLinks
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
                                                  expert_sync_time, symmetric_unit)
-from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables
+from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables, sync_time
 from formulation.programs.exact_schedule import zero_bubble_objective
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
@@ -145,16 +145,23 @@ def _stage_time(b: _Builder, i: int) -> int:
             g = group_variables(b, ranks, f"cp{i}.")
             tp_like = cp_time(b, g, i)
             cp_vars.append(tp_like)
-    b.dp_groups = getattr(b, "dp_groups", {})
-    if c.dp * c.cp > 1:
-        b.dp_groups[i] = [group_variables(b, ranks, f"dp{i}.") for ranks in tpl.dp_cp_groups(i)]
+    b.dp_groups = getattr(b, "dp_groups", {})  # the shard groups: the dp x cp groups without replicas
+    b.rep_groups = getattr(b, "rep_groups", {})
+    if tpl.shard_size > 1:
+        b.dp_groups[i] = [group_variables(b, ranks, f"dp{i}.") for ranks in tpl.shard_groups(i)]
+    if c.dp_replicate > 1:  # (P9') the replicate groups, whose all-reduce follows the reduce-scatter
+        b.rep_groups[i] = [group_variables(b, ranks, f"rep{i}.") for ranks in tpl.replicate_groups(i)]
     w_bytes, g_bytes, _ = job.bytes_per_param_state
-    if c.zero_stage >= 3 and c.dp * c.cp > 1:
-        for g in b.dp_groups[i]:
+    for g in b.dp_groups.get(i, []):
+        if c.zero_stage >= 3:
             ag_vars.append(group_time(b, g, lambda lk: cost.collective_time(
                 "all_gather", k.layer_params * w_bytes, lk, cluster), f"ag{i}."))
+        if sharding.per_layer_reduce_scatter(c):  # zero 2 and 3
             rs_vars.append(group_time(b, g, lambda lk: cost.collective_time(
                 "reduce_scatter", k.layer_params * g_bytes, lk, cluster), f"rs{i}."))
+    replica = sharding.layer_replica_bytes(inst, tpl, k.layer_params)  # zero 2-3: then across replicas (C12)
+    ar_vars = [group_time(b, g, lambda lk: cost.collective_time("all_reduce", replica, lk, cluster), f"ar{i}.")
+               for g in b.rep_groups.get(i, [])] if replica else []
 
     def stage_max(vars_, name):
         m = prog.var(f"{name}[{i}]")
@@ -163,6 +170,10 @@ def _stage_time(b: _Builder, i: int) -> int:
         return m
 
     tp, cp, ag, rs = (stage_max(v, n) for v, n in ((tp_vars, "TP"), (cp_vars, "CP"), (ag_vars, "AG"), (rs_vars, "RS")))
+    if ar_vars:  # the slowest shard group's reduce-scatter, then the slowest replicate group's all-reduce
+        ar, rs_total = stage_max(ar_vars, "AR"), prog.var(f"RSAR[{i}]")
+        prog.add({rs_total: 1, rs: -1, ar: -1}, ">=", 0, "P7 reduce-scatter and replica all-reduce")
+        rs = rs_total
     experts = expert_layer_comm(b, i)  # (P14) slowest ep + slowest etp, forward, of an MoE layer
     u = _per_layer_time(b, i, k, (tp, cp, ag, rs), experts, "")
     u_max = b.t(_per_layer_upper_bound(b, k))
@@ -208,10 +219,11 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
     tp_rp = Fraction(tp_rp).limit_denominator(2)
     d = tp_rp.denominator
     prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
+    ag_b = -1 if k.backward_gathers else 0  # (C12) no backward gather without resharding after the forward
     if k.backward_gathers_exposed:  # (C12) FSDP1's "post" prefetch: the backward waits for both
-        prog.add({z3_b: 1, ag: -1, rs: -1}, ">=", 0, "P7 zero3 exposed")
+        prog.add({z3_b: 1, ag: ag_b, rs: -1}, ">=", 0, "P7 zero3 exposed")
     else:
-        prog.add({z3_b: d, ag: -d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
+        prog.add({z3_b: d, ag: ag_b * d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
                  -d * b.t(k.b_compute), "P7 zero3 exposed")
     u = prog.var(f"u{tag}[{i}]")
     moe_terms = {experts: -k.ep_passes * d} if experts is not None else {}  # forward + backward + recomputes
@@ -231,18 +243,22 @@ def _per_layer_upper_bound(b: _Builder, k, experts: bool = True) -> float:
     MoE layer's expert communication)."""
     inst, tpl, cluster = b.inst, b.template, b.cluster
     slow = b.levels[0]
-    n_tp, n_dp = tpl.tp, tpl.dp * tpl.cp
+    n_tp, n_dp = tpl.tp, tpl.shard_size
     tp = max((cost.tp_layer_comm(inst.model, inst.training, tpl, GroupLinks(n_tp, slow, slow, N, kk), cluster)
               for N in range(1, n_tp + 1) for kk in range(1, n_tp // N + 1)), default=0.0) if n_tp > 1 else 0.0
     cp = cost.cp_layer_comm(inst.model, inst.training, tpl, slow, False, cluster) if tpl.cp > 1 else 0.0
     w_bytes, g_bytes, _ = inst.training.bytes_per_param_state
     ag = rs = 0.0
-    if tpl.zero_stage >= 3 and n_dp > 1:
+    if tpl.zero_stage >= 2 and n_dp > 1:
         shapes = [(N, kk) for N in range(1, n_dp + 1) for kk in range(1, n_dp // N + 1)]
-        ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, GroupLinks(n_dp, slow, slow, N, kk),
-                                      cluster) for N, kk in shapes)
+        ag = 0.0 if tpl.zero_stage == 2 else max(cost.collective_time(
+            "all_gather", k.layer_params * w_bytes, GroupLinks(n_dp, slow, slow, N, kk), cluster) for N, kk in shapes)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, GroupLinks(n_dp, slow, slow, N, kk),
                                       cluster) for N, kk in shapes)
+    replica, r = sharding.layer_replica_bytes(inst, tpl, k.layer_params), tpl.dp_replicate
+    if replica:  # (C12) the replicas' all-reduce of the layer's shard, at its worst shape
+        rs += max(cost.collective_time("all_reduce", replica, GroupLinks(r, slow, slow, N, kk), cluster)
+                  for N in range(1, r + 1) for kk in range(1, r // N + 1))
     lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs, expert_layer_upper_bound(b) if experts else 0.0)
     return (lt.forward + lt.backward) * 1.001 + 1e-9
 
@@ -271,7 +287,8 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     parts_exposed = []
     for part, (kind, _, overlapped, _) in enumerate(parts_at(reference)):
         slowest = prog.var(f"DP[{i},{part}]")
-        for g in b.dp_groups.get(i, []):
+        shard_silent = not any(dp_sync_parts(b.inst, b.template, k, q)[part][1] for q in qs)  # zero 2-3: replicas
+        for g in b.dp_groups.get(i, []) if not shard_silent else []:
             n = len(g.ranks)
             x_i, x_e, lat = (prog.var(f"{nm}[dp{g.ranks[0]},{part}]") for nm in ("XIdp", "XEdp", "Ddp"))
             x_e = x_i if cost.levels_concurrent() else x_e  # (C5) the levels at once: one part >= each
@@ -293,6 +310,9 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
             parts = {x_i: -1} if x_e == x_i else {x_i: -1, x_e: -1}
             prog.add({slowest: 1, **parts, lat: -1}, ">=", 0, "P9 slowest dp group")
         experts = expert_sync_time(b, i, edp, kind, qs, str(part))
+        if c.dp_replicate > 1:  # (P9') the replicas' all-reduce of the gradient shard, in the same window
+            experts = sync_time(b, i, b.rep_groups[i], "all_reduce", {q: sharding.replica_messages(
+                b.inst, b.template, k.stage_params(q)).get(kind, 0.0) for q in qs}, str(part), "rep", "P9'")
         if experts is not None:  # (P15) plus the same collective of the expert gradients, in the same window
             dense, slowest = slowest, prog.var(f"DPE[{i},{part}]")
             prog.add({slowest: 1, dense: -1, experts: -1}, ">=", 0, "P15 dp and edp collective")
@@ -379,7 +399,9 @@ def _symmetry_breaking(b: _Builder) -> None:
     prog, c, tpl = b.prog, b.c, b.template
     grid = np.asarray(tpl.gpus).reshape(c.pp, c.dp, c.cp, c.tp)
     unit = symmetric_unit(tpl)
-    units = c.tp * c.cp * c.dp // unit
+    # with replicas (dp_replicate > 1) only the replicas of one shard group are interchangeable (a permutation of
+    # the dp coordinate must keep the shard groups and the replicate groups): those of the first
+    units = c.tp * c.cp * c.dp // unit if c.dp_replicate == 1 else c.dp_shard
     leaders = [int(tpl.gpus[j * unit]) for j in range(units)] if units > 1 else \
         [int(grid[0, 0, 0, x]) for x in range(c.tp)] if c.tp > 1 and c.ep * c.etp == 1 else []
     for r, r2 in zip(leaders, leaders[1:]):

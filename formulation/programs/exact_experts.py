@@ -12,7 +12,7 @@ import math
 from formulation.physics import cost, moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.physics.stage import expert_dp_messages
-from formulation.programs.exact_groups import INF, group_time, group_variables
+from formulation.programs.exact_groups import INF, group_time, group_variables, sync_time
 
 
 def expert_layer_comm(b, i: int) -> int | None:
@@ -75,39 +75,10 @@ def expert_dp_groups(b, i: int) -> list:
 def expert_sync_time(b, i: int, groups: list, kind: str, qs: list[int], name: str) -> int | None:
     """(P15) The slowest expert-data-parallel group's `kind` collective of the expert gradients (E9) of stage i:
     its message grows with the layer count, so as (P9) each group's parts are selected by (shape, level, layer
-    count) together: X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2). None if the stage syncs no experts."""
-    prog, cluster = b.prog, b.cluster
+    count) together (exact_groups.sync_time). None if the stage syncs no experts."""
     k = b.stage_constants[i]
     messages = {q: expert_dp_messages(b.inst, b.template, k, q).get(kind, 0.0) for q in qs}
-    if not groups or not any(messages.values()):
-        return None
-    # a mix of dense layers only (P2b) syncs no experts: its latency is then selected with lambda too
-    silent = [prog.layers[(i, q)] for q in qs if messages[q] == 0]
-    carrying = {prog.layers[(i, q)]: 1 for q in qs if messages[q] > 0}
-    slowest = prog.var(f"EDP[{i},{name}]")
-    for g in groups:
-        n = len(g.ranks)
-        x_i, x_e, lat = (prog.var(f"{nm}[edp{g.ranks[0]},{name}]") for nm in ("XIedp", "XEedp", "Dedp"))
-        x_e = x_i if cost.levels_concurrent() else x_e  # (C5) the levels at once: one part >= each
-        for q in qs:
-            lam = prog.layers[(i, q)]
-            for (N, kk), sigma in g.shape.items():
-                base = cost.collective_time(kind, messages[q], GroupLinks(n, INF, INF, N, kk), cluster)
-                if silent and base > 0:  # lat >= base (sigma + sum of the mixes with experts - 1)
-                    prog.add({lat: 1, sigma: -b.t(base), **{v: -b.t(base) for v in carrying}}, ">=", -b.t(base),
-                             "P15 edp latency")
-                else:  # NCCL's choice (and so the latency) depends on the message: selected with lambda too
-                    prog.add({lat: 1, sigma: -b.t(base), lam: -b.t(base)}, ">=", -b.t(base), "P15 edp latency")
-                for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
-                    for level, zeta in table.items():
-                        bw = b.levels[level]
-                        links = GroupLinks(n, bw, INF, N, kk) if intra else GroupLinks(n, INF, bw, N, kk)
-                        coef = b.t(cost.collective_time(kind, messages[q], links, cluster) - base)
-                        if coef > 0:
-                            prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef, "P15 edp part")
-        parts = {x_i: -1} if x_e == x_i else {x_i: -1, x_e: -1}
-        prog.add({slowest: 1, **parts, lat: -1}, ">=", 0, "P15 slowest edp group")
-    return slowest
+    return sync_time(b, i, groups, kind, messages, name, "edp", "P15")
 
 
 def symmetric_unit(tpl) -> int:

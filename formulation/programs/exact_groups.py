@@ -128,3 +128,43 @@ def cp_time(b, g: Group, i: int) -> int:
     single = g.shape[(1, len(g.ranks))]
     prog.add({total: 1, x: -1, single: b.t(spans - one)}, ">=", b.t(spans), "P6 cp time")
     return total
+
+
+def sync_time(b, i: int, groups: list, kind: str, messages: dict, name: str, family: str, label: str) -> int | None:
+    """(P9), (P15) The slowest of `groups`' `kind` collective after stage i's backward, whose message grows with
+    the stage's layer count or mix q (`messages[q]`, bytes): each group's parts are selected by (shape, level,
+    layer count) together, X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2). None if no message is sent.
+    The expert-data-parallel groups' sync (P15) and the replicate groups' all-reduce (P9') use it; `label` names
+    the constraint family."""
+    prog, cluster = b.prog, b.cluster
+    qs = list(messages)
+    if not groups or not any(messages.values()):
+        return None
+    # a mix of dense layers only (P2b) syncs no experts: its latency is then selected with lambda too
+    silent = [prog.layers[(i, q)] for q in qs if messages[q] == 0]
+    carrying = {prog.layers[(i, q)]: 1 for q in qs if messages[q] > 0}
+    slowest = prog.var(f"{family.upper()}[{i},{name}]")
+    for g in groups:
+        n = len(g.ranks)
+        x_i, x_e, lat = (prog.var(f"{nm}[{family}{g.ranks[0]},{name}]") for nm in ("XI", "XE", "D"))
+        x_e = x_i if cost.levels_concurrent() else x_e  # (C5) the levels at once: one part >= each
+        for q in qs:
+            lam = prog.layers[(i, q)]
+            for (N, kk), sigma in g.shape.items():
+                base = cost.collective_time(kind, messages[q], GroupLinks(n, INF, INF, N, kk), cluster)
+                if silent and base > 0:  # lat >= base (sigma + sum of the counts that send - 1)
+                    prog.add({lat: 1, sigma: -b.t(base), **{v: -b.t(base) for v in carrying}}, ">=", -b.t(base),
+                             f"{label} {family} latency")
+                else:  # NCCL's choice (and so the latency) depends on the message: selected with lambda too
+                    prog.add({lat: 1, sigma: -b.t(base), lam: -b.t(base)}, ">=", -b.t(base), f"{label} {family} latency")
+                for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
+                    for level, zeta in table.items():
+                        bw = b.levels[level]
+                        links = GroupLinks(n, bw, INF, N, kk) if intra else GroupLinks(n, INF, bw, N, kk)
+                        coef = b.t(cost.collective_time(kind, messages[q], links, cluster) - base)
+                        if coef > 0:
+                            prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef,
+                                     f"{label} {family} part")
+        parts = {x_i: -1} if x_e == x_i else {x_i: -1, x_e: -1}
+        prog.add({slowest: 1, **parts, lat: -1}, ">=", 0, f"{label} slowest {family} group")
+    return slowest

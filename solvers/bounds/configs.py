@@ -354,13 +354,15 @@ def _dp_crossing_cases(instance, config: Config, ctx: _CutContext) -> dict[str, 
     cluster, model, job = instance.cluster, instance.model, instance.training
     b, cut, n_dp = ctx.b, ctx.cut, config.dp * config.cp
     narrow = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
-    dp_slow = config.zero_stage < 3
+    # with replicas the crossing dp group may cross through its replicate groups alone, whose all-reduce the bound
+    # counts at 0: the stage is then not slowed
+    dp_slow = config.zero_stage < 3 and config.dp_replicate == 1
     split_tp = config.tp > 1 and config.tp <= b.per_node_cap
     tp_split = _tp_time(instance, b, b.inter) if split_tp else b.tp
 
     def zero3(cap: int) -> tuple[float, float]:
         """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
-        if config.zero_stage < 3:
+        if config.zero_stage < 3 or config.dp_replicate > 1:
             return b.ag, b.rs
         w_bytes, g_bytes, _ = job.bytes_per_param_state
         k = b.constants(0)

@@ -15,6 +15,7 @@ from formulation.physics.cost import GroupLinks
 from formulation.physics.schedules import weight_grad_ceiling
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
+from formulation.physics.sharding import layer_replica_bytes, replica_messages
 from formulation.physics.stage import (dp_part_exposed, dp_sync_parts, expert_dp_messages, expert_only_parts,
                                        layer_time, mixed_constants, stage_constants)
 
@@ -183,14 +184,18 @@ class Parts(KindBounds):
         smallest time over group shapes at these links with at most `per_node_cap` members on a node, the
         compute window that hides it, and whether it is overlapped."""
         n = self.config.dp * self.config.cp
-        if self.config.zero_stage >= 3:
+        if self.config.zero_stage >= 3 and self.config.dp_replicate == 1:
             return []
         cap = per_node_cap or self.dp_cap or self.per_node_cap
+        replicas = {}
+        if self.config.dp_replicate > 1:  # a shard group (part of the dp group) and a replicate group at any place
+            n, inter, min_nodes = self.config.shard_size, self.inter, 1
+            replicas = replica_messages(self.instance, self.placement, self.constants(stage).stage_params(layers))
         k = self.constants(stage)
         # (B3) mixture-of-experts: the experts' gradients add the same collective over an expert-dp group, at
         # its least time over every shape (any placement: the fastest links, not the cut's)
         experts = expert_dp_messages(self.instance, self.placement, k, layers)
-        parts = dp_sync_parts(self.instance, self.placement, k, layers) if n > 1 else \
+        parts = dp_sync_parts(self.instance, self.placement, k, layers) if n > 1 or self.config.dp_replicate > 1 else \
             expert_only_parts(self.instance, k, layers, experts)
         out = []
         for kind, message, overlapped, window in parts:
@@ -198,6 +203,9 @@ class Parts(KindBounds):
             if kind in experts:
                 time += self._least(kind, experts[kind], self.placement.expert_dp, self.inter, 1,
                                     self.edp_cap or self.per_node_cap)
+            if kind in replicas:  # the replicas' all-reduce of the gradient shard, at its least over every shape
+                time += self._least("all_reduce", replicas[kind], self.config.dp_replicate, self.inter, 1,
+                                    self.per_node_cap)
             out.append((time, window, overlapped))
         return out
 
@@ -267,6 +275,26 @@ class Parts(KindBounds):
         return max(best, loaded if loaded < INF else 0.0)
 
 
+def shard_layer_floor(instance, p, layer_params: float, links: tuple, dp_cap: int, cap: int) -> tuple[float, float]:
+    """(C12) The least per-layer gather and reduce-scatter of zero 2 and 3 (0, 0 below): in a shard group with at
+    most `dp_cap` members a node, the reduce-scatter followed by the replicas' all-reduce of the layer's shard (at
+    most `cap` a node); `links` = (intra, inter, max_nodes, span) as best_group_time takes them."""
+    intra, inter, max_nodes, span = links
+    cluster, (w_bytes, g_bytes, _) = instance.cluster, instance.training.bytes_per_param_state
+    ag = rs = 0.0
+    n = p.shard_size
+    if p.zero_stage >= 2 and n > 1:
+        ag = 0.0 if p.zero_stage == 2 else best_group_time(lambda lk: cost.collective_time(
+            "all_gather", layer_params * w_bytes, lk, cluster), n, intra, inter, max_nodes, dp_cap, span=span)
+        rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", layer_params * g_bytes, lk, cluster),
+                             n, intra, inter, max_nodes, dp_cap, span=span)
+    replica = layer_replica_bytes(instance, p, layer_params)  # then across replicas, at its least over every shape
+    if replica:
+        rs += best_group_time(lambda lk: cost.collective_time("all_reduce", replica, lk, cluster), p.dp_replicate,
+                              intra, inter, max_nodes, cap, span=span)
+    return ag, rs
+
+
 def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int] | None = None,
                 whole_ep: bool = False) -> Parts:
     """The pieces of (B1). `whole_tp`: under the assumption that every tp group lies inside one node (so a node
@@ -281,7 +309,6 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     max_nodes, cap = level_units(cluster)
     first = stage_constants(instance, p, 0, gpu_type)
     last = stage_constants(instance, p, config.pp - 1, gpu_type)
-    w_bytes, g_bytes, _ = job.bytes_per_param_state
     span = span_bandwidth(cluster)
     whole_tp = whole_tp and config.tp <= cap
     dp_cap = cap // config.tp if whole_tp else cap  # members of one dp (or cp) group on a node
@@ -296,13 +323,7 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
             cp = cost.cp_layer_comm(model, job, p, min(intra, inter), False, cluster)
         else:
             cp = cost.cp_layer_comm(model, job, p, best_bw, config.cp <= cap, cluster)
-    ag = rs = 0.0
-    if config.zero_stage >= 3:
-        n = config.dp * config.cp
-        ag = best_group_time(lambda lk: cost.collective_time("all_gather", first.layer_params * w_bytes, lk, cluster),
-                             n, intra, inter, max_nodes, dp_cap, span=span)
-        rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", first.layer_params * g_bytes, lk,
-                                                             cluster), n, intra, inter, max_nodes, dp_cap, span=span)
+    ag, rs = shard_layer_floor(instance, p, first.layer_params, (intra, inter, max_nodes, span), dp_cap, cap)
     ep = expert_layer_floor(instance, p, intra, inter, max_nodes, cap, span)
     lt = layer_time(first, job.tp_comm_overlap, tp, cp, ag, rs, ep)
     mixed = layer_kinds.is_mixed(model)  # (E1) an MoE layer's time, with what a dense layer saves against it

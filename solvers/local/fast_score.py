@@ -58,6 +58,11 @@ class FastScorer:
         self.S = c.tp * c.cp * c.dp  # ranks per stage
         self.ep, self.etp = c.ep, c.etp  # expert groups over the same ranks (mixture-of-experts; 1, 1 when dense)
         self.moe = is_moe(instance.model)
+        # the stage's "dp" groups: Megatron's dp x cp groups (one per tp coordinate); with dp_replicate > 1 its
+        # shard groups (one per replica and tp coordinate; none of one rank) and then its replicate groups
+        self.r, self.block = c.dp_replicate, c.tp * c.shard_size  # a replica's ranks in a stage
+        self.n_shard = (c.tp * self.r if c.shard_size > 1 else 0) if self.r > 1 else c.tp
+        self.n_dp = self.n_shard + (self.block if self.r > 1 else 0)
         self.world = self.S * c.pp
         self.N = self.cluster.num_gpus
         self.probe = placement_for(config, tuple(layers), range(self.world))
@@ -97,7 +102,12 @@ class FastScorer:
             return range(base + t + etp * ep * d, base + etp * ep * (d + 1), etp)
         if kind == "edp":  # g = ep_i * etp + etp_i
             return range(base + g, base + self.S, etp * ep)
-        return range(base + g, base + self.S, tp)  # "dp": Megatron's dp x cp group of tp coordinate g
+        if self.r == 1:
+            return range(base + g, base + self.S, tp)  # "dp": Megatron's dp x cp group of tp coordinate g
+        if g < self.n_shard:  # shard group g = replica x tp + tp coordinate
+            d, t = divmod(g, tp)
+            return range(base + t + self.block * d, base + self.block * (d + 1), tp)
+        return range(base + g - self.n_shard, base + self.S, self.block)  # replicate group of a replica position
 
     def group_id(self, positions) -> int:
         """Interned id of the group's class multiset; its links are `self.links[id]`."""
@@ -165,8 +175,9 @@ class FastScorer:
             links = self._stage_links.get(lkey)
             if links is None:
                 links = self._stage_links[lkey] = links_from_groups(
-                    self.instance, self.probe, i, self._type[tkey], tp, cp, tuple(self.links[g] for g in dp_ids),
-                    moe[0], tuple(self.links[g] for g in moe[1]))
+                    self.instance, self.probe, i, self._type[tkey], tp, cp,
+                    tuple(self.links[g] for g in dp_ids[:self.n_shard]), moe[0], tuple(self.links[g] for g in moe[1]),
+                    tuple(self.links[g] for g in dp_ids[self.n_shard:]))
             est = stage_estimate(self.instance, self.probe, i, layers, links)  # a count or a LayerMix
             overhead = self.cluster.gpu_types[est.gpu_type].iteration_overhead_s
             out = self._stages[key] = (est.time_per_micro_batch_s, est.dp_exposed_s, est.optimizer_s, overhead,
@@ -195,7 +206,7 @@ class FastScorer:
                                  for g in range(dp * cp)] if tp > 1 else [])
             self.cp_vals.append([self._group_value("cp", self.group_id(self._group_positions("cp", i, g)))
                                  for g in range(dp * tp)] if cp > 1 else [])
-            self.dp_ids.append([self.group_id(self._group_positions("dp", i, g)) for g in range(tp)]
+            self.dp_ids.append([self.group_id(self._group_positions("dp", i, g)) for g in range(self.n_dp)]
                                  if dp * cp > 1 else [])
             self._rebuild_experts(i)
             counts = [0] * len(self.type_names)
@@ -309,8 +320,12 @@ class FastScorer:
                 touched.setdefault(("tp", i), {})[q // tp] = None
             if cp > 1:
                 touched.setdefault(("cp", i), {})[(q // (tp * cp)) * tp + q % tp] = None
-            if self.dp * cp > 1:
+            if self.dp * cp > 1 and self.r == 1:
                 touched.setdefault(("dp", i), {})[q % tp] = None
+            elif self.dp * cp > 1:  # its shard group (if it has one) and its replicate group
+                if self.n_shard:
+                    touched.setdefault(("dp", i), {})[(q // self.block) * tp + q % tp] = None
+                touched.setdefault(("dp", i), {})[self.n_shard + q % self.block] = None
             if self.moe:
                 self._touch_experts(touched, i, q)
             if i > 0:

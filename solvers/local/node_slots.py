@@ -71,6 +71,7 @@ def slot_tables(instance, placement) -> SlotTables | None:
     K = nodes_per_stage(instance, config)
     per_node = cluster.nodes[0].num_gpus
     if (not K or len(cluster.nodes) > MAX_NODES or moe_cost.is_moe(instance.model) or placement.zero_stage >= 3
+            or placement.dp_replicate > 1
             or per_node % (config.tp * config.cp) or cluster.gpu_pair_gb_per_s or cluster.has_domains
             or any(not np.array_equal(m, cluster.intra_gb_per_s[0]) for m in cluster.intra_gb_per_s)):
         return None  # a node's links inside or GPU pairs of their own: its place would change more than the tables

@@ -16,6 +16,7 @@ from solvers.outputs.files import write_json_atomic, write_text_atomic
 from solvers.outputs.racks import check_domains, layout_lines, rack_environment, slurm_rack_lines
 from solvers.outputs.model_arguments import model_arguments, moe_arguments, vocab_padding  # noqa: F401 (re-export)
 from solvers.outputs.report import comment_lines
+from solvers.outputs.llm_foundry import fsdp_config_yaml
 from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_toml
 
 from solvers.outputs.launch import (TRAIN_SCRIPT, LaunchMismatch, check_groups, parse_slurm_files,
@@ -143,19 +144,22 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     args += recompute_arguments(job, p)
     if p.zero_stage == 1:
         args.append(("--use-distributed-optimizer", None))
-    if p.zero_stage == 3:  # the flags Megatron-FSDP's documentation requires
-        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", "optim_grads_params"),
+        if p.dp_replicate > 1:  # the optimizer sharded inside dp_shard x cp, replicated across the instances
+            args.append(("--num-distributed-optimizer-instances", p.dp_replicate))
+    if p.zero_stage >= 2:  # the flags Megatron-FSDP's documentation requires
+        strategy = "optim_grads_params" if p.zero_stage == 3 else "optim_grads"
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
                  ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
                  ("--ckpt-format", "fsdp_dtensor")]
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = None  # FSDP overlaps better with more than one connection
-        notes.append("zero_stage 3 runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
-                     "optim_grads_params); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
+        notes.append(f"zero_stage {p.zero_stage} runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
+                     f"{strategy}); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
                      "--untie-embeddings-and-output-weights; torchtitan_args.sh expresses it directly")
     if job.overlap_grad_reduce and p.dp * p.cp > 1:
         args.append(("--overlap-grad-reduce", None))
         if job.overlap_param_gather and p.zero_stage >= 1:  # Megatron-LM allows it only with overlap-grad-reduce
             args.append(("--overlap-param-gather", None))
-    if (p.tp > 1 or p.cp > 1) and p.zero_stage != 3:
+    if (p.tp > 1 or p.cp > 1) and p.zero_stage < 2:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM asserts it with tp/cp (keeps comm ahead of compute)
     if p.moe_a2a_overlap:  # (E10) the Megatron MoE Model Zoo's A2A_OVERLAP=1 (sbatch_benchmarking.sh @e8650517)
         env.update({"CUDA_DEVICE_MAX_CONNECTIONS": "32", "NVTE_FWD_LAYERNORM_SM_MARGIN": "24",
@@ -230,6 +234,7 @@ _DESCRIPTIONS = {
     "hostfile": "SLURM_HOSTFILE: line r is the host of global rank r",
     "torchtitan_args.sh": "torchtitan 0.3.x command line (TORCHTITAN_ARGS); FRAMEWORK=torchtitan in the launch scripts",
     "torchtitan-0.2.toml": "torchtitan 0.2.x [training]/[parallelism]/[activation_checkpoint] settings",
+    "llm_foundry_fsdp.yaml": "llm-foundry's fsdp_config (sharding strategy, shard and replicate degrees)",
     "schedule.png": "one iteration of the pipeline schedule (Gantt chart, critical path outlined)",
     "memory.png": "memory per GPU of every pipeline stage against the limit and the capacity",
     "cluster.png": "node x GPU grid coloured by pipeline stage, with the inter-node bandwidth matrix and slow links",
@@ -261,6 +266,8 @@ def export_plan(instance, plan, out_dir, pictures: bool = False) -> dict[str, Pa
         check_domains(instance, p, launched_torchrun.realise(instance.cluster), "torchrun")
     files["torchtitan_args.sh"] = torchtitan_args_script(instance, plan)
     files["torchtitan-0.2.toml"] = torchtitan_toml(instance, plan)
+    if instance.training.software_stack == "llm-foundry":
+        files["llm_foundry_fsdp.yaml"] = fsdp_config_yaml(instance, p)
     written: dict[str, Path] = {}
     write_json_atomic(out / "plan.json", plan.to_dict(instance.cluster))
     written["plan.json"] = out / "plan.json"

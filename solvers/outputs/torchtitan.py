@@ -8,9 +8,10 @@ What torchtitan cannot run as planned is mapped to what it can run, and that pla
   dp x cp is the faithful case);
 - 0.2.x runs replicated data parallelism only alone ("DDP has not supported > 1D parallelism" with tp or pp);
   0.3.x wraps replicate in fully_shard over (dp_replicate, fsdp) and accepts it with tp and pp.
-zero_stage 0 is torchtitan's replicate, zero_stage 3 its FSDP with `fsdp_reshard_after_forward = "always"` (the
-per-layer gather in forward and backward that the cost model charges; torchtitan's default skips the forward
-reshard when pp > 1).
+zero_stage 0 is torchtitan's replicate, zero_stage 3 its FSDP over data_parallel_shard_degree = dp_shard, replicated
+over data_parallel_replicate_degree = dp_replicate (HSDP), with `fsdp_reshard_after_forward` "always" (the per-layer
+gather in forward and backward that the cost model charges; torchtitan's default skips the forward reshard when pp
+> 1) or "never" (the plan's reshard_after_forward False).
 """
 
 from __future__ import annotations
@@ -42,17 +43,18 @@ class TorchtitanRun:
 
     @property
     def replicate_degree(self) -> int:
-        return 1 if self.shard else self.placement.dp
+        return self.placement.dp_replicate if self.shard else self.placement.dp
 
     @property
     def shard_degree(self) -> int:
-        return self.placement.dp if self.shard else 1
+        return self.placement.dp_shard if self.shard else 1
 
 
 def _why_not(p: Placement, release: str) -> str:
     reasons = []
-    if p.zero_stage == 1:
-        reasons.append("torchtitan has no optimizer-only sharding (Megatron's distributed optimizer)")
+    if p.zero_stage in (1, 2):
+        reasons.append(f"torchtitan has no {'optimizer' if p.zero_stage == 1 else 'optimizer and gradient'}-only "
+                       "sharding (Megatron's distributed optimizer, ZeRO-2)")
     if p.cp > 1:
         reasons.append("with context_parallel_degree > 1 torchtitan shards parameters over the cp ranks (its FSDP "
                        "mesh is dp_shard x cp), so replicated data parallelism is not available")
@@ -189,7 +191,7 @@ def _degrees(run: TorchtitanRun) -> list[tuple[str, object]]:
     pairs: list[tuple[str, object]] = [
         ("data_parallel_replicate_degree", run.replicate_degree), ("data_parallel_shard_degree", run.shard_degree)]
     if run.shard:
-        pairs.append(("fsdp_reshard_after_forward", "always"))
+        pairs.append(("fsdp_reshard_after_forward", "always" if p.reshard_after_forward else "never"))
     pairs += [("tensor_parallel_degree", p.tp), ("pipeline_parallel_degree", p.pp),
               ("context_parallel_degree", p.cp)]
     if p.ep * p.etp > 1:

@@ -3,7 +3,10 @@
 Defaults for blank cells (documented in docs/validation.md):
 - kv_heads blank: multi-head attention (kv_heads = heads). MLP: GELU with 2 matrices when ffn = 4 x hidden
   (GPT, MPT, Nemotron's squared ReLU), SwiGLU otherwise. GPT-style runs (GELU) carry dropout.
-- cp, vp, mbs blank: 1. layers_per_stage (an optional column) blank: layers split evenly over pp. recompute blank: none; `block:r` is Megatron-LM's block method (recompute "full" with
+- cp, vp, mbs blank: 1. layers_per_stage (an optional column) blank: layers split evenly over pp. An optional
+  `dp_replicate` column (blank: 1): the states sharded over dp / dp_replicate ranks and replicated across
+  dp_replicate groups (HSDP, FSDP1's HYBRID_SHARD, Megatron's distributed-optimizer instances). recompute blank:
+  none; `block:r` is Megatron-LM's block method (recompute "full" with
   recompute_num_layers r: the first r layers of each model chunk). zero blank: 1 (Megatron distributed optimizer) for
   Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
@@ -156,13 +159,15 @@ def run_from_row(index: int, r: dict) -> Run:
     split = _layers_per_stage(r, instance.model.num_layers, pp, vpp)
     if isinstance(split, str):
         return skip(split)
+    replicas = max(1, _int(r, "dp_replicate", 1))  # an optional column: HSDP, distributed-optimizer instances
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, layers_per_stage=split, gpus=tuple(range(n_gpus)),
-                          recompute_num_layers=block)
+                          recompute_num_layers=block, dp_replicate=replicas if dp % replicas == 0 else 1)
     if block and (instance.training.software_stack == "megatron-deepspeed" or instance.model.moe is not None):
         return skip("block recompute is modelled for dense models on the megatron and PyTorch stacks")
-    if gbs % (mbs * dp):
-        return skip(f"global batch {gbs} not divisible by micro-batch {mbs} x dp {dp}")
+    problem = _split_problem(placement, gbs, replicas)
+    if problem:
+        return skip(problem)
     measured, how = _measured_time(r, instance, n_gpus)
     if measured is None:  # kept whole: a run that measured out-of-memory is still scored on memory
         return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
@@ -187,6 +192,15 @@ def _layers_per_stage(r: dict, layers: int, pp: int, vpp: int) -> tuple[int, ...
     if len(split) != pp or sum(split) != layers or min(split) < 1:
         return f"layers_per_stage {split} is not {pp} stages of {layers} layers"
     return split
+
+
+def _split_problem(p: Placement, gbs: int, replicas: int) -> str | None:
+    """Why a row's batch or replicas cannot be split as it says, else None (its layers: _layers_per_stage)."""
+    if replicas != p.dp_replicate or (replicas > 1 and p.zero_stage == 0):
+        return f"dp_replicate {replicas}: expected a divisor of dp {p.dp}, with zero 1, 2 or 3"
+    if gbs % (p.micro_batch_size * p.dp):
+        return f"global batch {gbs} not divisible by micro-batch {p.micro_batch_size} x dp {p.dp}"
+    return None
 
 
 def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: int, old: bool) -> dict:

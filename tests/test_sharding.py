@@ -1,0 +1,235 @@
+"""Sharded data parallelism (formulation/physics/sharding.py): dp = dp_shard x dp_replicate, zero stages 1-3 and
+reshard_after_forward. The bytes a rank keeps against counts derived from the model's published parameter count,
+the dp sync against the collectives it is made of, the shard and replicate groups against megatron-core's real
+distributed-optimizer instance groups and torchtitan 0.3's ParallelDims mesh, and the launch arguments against
+the real parsers."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from formulation import default_placement, evaluate, instance_from_dict, load_instance
+from formulation.evaluate import stage_links
+from formulation.physics import cost
+from formulation.physics.stage import layer_time, stage_constants
+from formulation.physics.memory import GIB, memory_coefficients
+from formulation.placement import Placement
+from frameworks import initialize_model_parallel_groups, megatron_lm_namespace, require
+from solvers.outputs.export import megatron_arguments
+from solvers.outputs.llm_foundry import fsdp_config
+from solvers.outputs.torchtitan import torchtitan_args_script, torchtitan_arguments, torchtitan_run
+from types import SimpleNamespace
+
+LLAMA3_70B_PARAMS = 70_553_706_496  # torchtitan's 70B flavour (Meta's model card: 70.6e9), h100_128's model
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_instance(REPO / "instances" / "h100_128.json")
+
+
+def _states_gib(instance, p) -> tuple[float, float, float]:
+    """Weights, gradients and optimizer state of stage 0 (pp = 1: the whole model) in GiB."""
+    c = memory_coefficients(instance, p, 0)
+    layers = instance.model.num_layers
+    return tuple((getattr(c, name)[0] + getattr(c, name)[1] * layers) / GIB for name in
+                 ("weights", "gradients", "optimizer"))
+
+
+def test_state_bytes_are_sharded_over_the_shard_group_only(h100):
+    """Llama-3 70B (70.55e9 parameters, bf16 weights, fp32 gradients, 12-byte Adam state) at tp = pp = 1 on 128
+    GPUs: zero 1 divides the optimizer state by the shard group, zero 2 the gradients too, zero 3 the weights too;
+    the shard group is dp / dp_replicate ranks."""
+    assert h100.model.total_params == pytest.approx(LLAMA3_70B_PARAMS, rel=1e-4)
+    base = dict(tp=1, pp=1, micro_batch_size=1)
+    for zero, r in ((1, 1), (1, 8), (2, 1), (2, 16), (3, 1), (3, 8)):
+        p = dataclasses.replace(default_placement(h100, zero_stage=zero, **base), dp_replicate=r)
+        s = 128 // r
+        w, g, o = _states_gib(h100, p)
+        expect = (2 * LLAMA3_70B_PARAMS / (s if zero >= 3 else 1), 4 * LLAMA3_70B_PARAMS / (s if zero >= 2 else 1),
+                  12 * LLAMA3_70B_PARAMS / s)
+        assert (w, g, o) == pytest.approx(tuple(x / GIB for x in expect), rel=2e-3), (zero, r)
+    # 70B at zero 3 over 16 GPUs (8 replicas): 8.21 GiB of weights, 16.43 of gradients, 49.29 of Adam per GPU
+    p = dataclasses.replace(default_placement(h100, zero_stage=3, **base), dp_replicate=8)
+    assert _states_gib(h100, p) == pytest.approx((8.21, 16.43, 49.29), abs=0.01)
+
+
+def test_hsdp_sync_is_the_shard_groups_collectives_plus_the_replicas_all_reduce(h100):
+    """zero 1 with 16 instances of 8 GPUs (one node each) at tp = 1: the reduce-scatter of the whole model's fp32
+    gradients (282 GB) inside a node, then the all-reduce of its 1/8 shard (35 GB) across the 16 nodes, then the
+    all-gather of the bf16 weights inside the node; the sum is what the estimate reports as the dp sync. zero 3
+    syncs per layer instead."""
+    cluster = h100.cluster
+    p = dataclasses.replace(default_placement(h100, tp=1, pp=1, zero_stage=1, micro_batch_size=1), dp_replicate=16)
+    assert p.shard_groups(0).shape == (16, 8) and p.replicate_groups(0).shape == (8, 16)
+    node = cost.group_links(cluster, p.shard_groups(0)[0])
+    across = cost.group_links(cluster, p.replicate_groups(0)[0])
+    assert node.nodes == 1 and across.nodes == 16
+    k_params = memory_coefficients(h100, p, 0)
+    stage_params = (k_params.weights[0] + k_params.weights[1] * h100.model.num_layers) / 2  # bf16 weights
+    assert stage_params == pytest.approx(LLAMA3_70B_PARAMS, rel=1e-4)
+    expected = (cost.collective_time("reduce_scatter", stage_params * 4, node, cluster)
+                + cost.collective_time("all_reduce", stage_params * 4 / 8, across, cluster)
+                + cost.collective_time("all_gather", stage_params * 2, node, cluster))
+    est = evaluate(h100, p)
+    assert est.stages[0].dp_sync_s == pytest.approx(expected, rel=1e-9)
+    # zero 3 (HSDP): nothing after the backward; each layer's reduce-scatter in the node is followed by the
+    # all-reduce of its 1/8 shard across the nodes, in every micro-batch's backward (FSDP's post-backward hook)
+    z3 = dataclasses.replace(p, zero_stage=3)
+    assert evaluate(h100, z3).stages[0].dp_sync_s == 0.0
+    links = stage_links(h100, z3, 0)
+    layer = links.constants.layer_params
+    ag = cost.collective_time("all_gather", layer * 2, node, cluster)
+    rs = (cost.collective_time("reduce_scatter", layer * 4, node, cluster)
+          + cost.collective_time("all_reduce", layer * 4 / 8, across, cluster))
+    assert links.layer == layer_time(links.constants, h100.training.tp_comm_overlap, 0.0, 0.0, ag, rs)
+
+
+def test_without_resharding_the_backward_gathers_nothing_and_the_stage_keeps_its_parameters(h100):
+    p = default_placement(h100, tp=1, pp=1, zero_stage=3, micro_batch_size=1)
+    keep = dataclasses.replace(p, reshard_after_forward=False)
+    gpu_type = h100.cluster.gpu_types["h100-sxm-80gb"] if "h100-sxm-80gb" in h100.cluster.gpu_types else next(
+        iter(h100.cluster.gpu_types.values()))
+    ag = rs = 10.0  # seconds per layer: far beyond any compute window, so every gather is exposed
+    resharded = layer_time(stage_constants(h100, p, 0, gpu_type), False, 0.0, 0.0, ag, rs)
+    kept = layer_time(stage_constants(h100, keep, 0, gpu_type), False, 0.0, 0.0, ag, rs)
+    assert resharded.zero3 - kept.zero3 == pytest.approx(ag, rel=1e-12)  # the backward's gather is gone
+    a, b = evaluate(h100, p), evaluate(h100, keep)
+    layers = h100.model.num_layers
+    layer_params = h100.model.layer_matmul_params + h100.model.layer_norm_params
+    extra = b.stages[0].memory.buffers_gib - a.stages[0].memory.buffers_gib
+    assert extra == pytest.approx(layers * layer_params * 2 / GIB, rel=1e-9)  # every layer's bf16 weights
+
+
+@pytest.mark.parametrize("tp, cp, dp, pp, r", [(1, 1, 8, 1, 2), (2, 1, 8, 2, 4), (2, 2, 4, 2, 2), (1, 2, 16, 1, 8),
+                                               (4, 1, 4, 2, 4)])
+def test_shard_groups_are_megatrons_distributed_optimizer_instances(tp, cp, dp, pp, r):
+    real = initialize_model_parallel_groups(tp, cp, dp, pp, descs={
+        "intra": "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"}, instances=r)["intra"]
+    p = Placement(tp, pp, cp, dp, 1, 1, "none", 1, (1,) * pp, tuple(range(tp * cp * dp * pp)), dp_replicate=r)
+    ours = [sorted(int(x) for x in g) for i in range(pp) for g in p.shard_groups(i)]
+    assert sorted(sorted(g) for g in real) == sorted(ours)
+    # the replicate groups: one rank of each instance at the same position (the all-reduce across instances)
+    for i in range(pp):
+        for g in p.replicate_groups(i):
+            assert len({next(j for j, s in enumerate(real) if int(x) in s) for x in g}) == r
+
+
+_TORCHTITAN_MESH = """
+import json, sys
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torchtitan.distributed import ParallelDims
+r, s, tp, pp = (int(v) for v in sys.argv[1:5])
+world = r * s * tp * pp
+out = {}
+for rank in range(world):
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    d = ParallelDims(dp_replicate=r, dp_shard=s, cp=1, tp=tp, pp=pp, ep=1, world_size=world)
+    d.build_mesh()
+    out[rank] = [d.get_mesh(name).mesh.tolist() if getattr(d, name + "_enabled") else [rank]
+                 for name in ("dp_shard", "dp_replicate")]
+    dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("r, s, tp, pp", [(2, 4, 2, 2), (4, 2, 1, 1), (2, 2, 2, 1)])
+def test_shard_groups_are_torchtitans_mesh(r, s, tp, pp):
+    require("torchtitan.distributed")
+    run = subprocess.run([sys.executable, "-c", _TORCHTITAN_MESH, str(r), str(s), str(tp), str(pp)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    mesh = json.loads(run.stdout.strip().splitlines()[-1])
+    p = Placement(tp, pp, 1, r * s, 1, 1, "none", 3, (1,) * pp, tuple(range(tp * r * s * pp)), dp_replicate=r)
+    for i in range(pp):
+        for g in p.shard_groups(i):
+            for x in g:
+                assert sorted(mesh[str(int(x))][0]) == sorted(int(y) for y in g)
+        for g in p.replicate_groups(i):
+            for x in g:
+                assert sorted(mesh[str(int(x))][1]) == sorted(int(y) for y in g)
+
+
+def _plan(instance, placement):
+    return SimpleNamespace(placement=placement, estimate=evaluate(instance, placement))
+
+
+def test_torchtitan_reads_the_hsdp_command_line(h100, tmp_path):
+    """h100_128 (Llama-3 70B) with tp 2 and 64 data-parallel ranks as 8 replicas of 8-GPU shard groups, parameters
+    kept from the forward to the backward: the written torchtitan_args.sh as torchtitan 0.3's ConfigManager and
+    ParallelDims read it."""
+    manager = require("torchtitan.config.manager")
+    parallel_dims = require("torchtitan.distributed.parallel_dims")
+    p = dataclasses.replace(default_placement(h100, tp=2, pp=1, zero_stage=3, micro_batch_size=1), dp_replicate=8,
+                            reshard_after_forward=False)
+    args, _, _ = torchtitan_arguments(h100, _plan(h100, p))
+    assert "--parallelism.data-parallel-shard-degree=8" in args
+    assert "--parallelism.data-parallel-replicate-degree=8" in args
+    assert "--parallelism.fsdp-reshard-after-forward=never" in args
+    script = tmp_path / "torchtitan_args.sh"
+    script.write_text(torchtitan_args_script(h100, _plan(h100, p)))
+    shell = f'source "{script}"; printf "%s\\n" "${{TORCHTITAN_ARGS[@]}}" "${{TORCHTITAN_SUBCOMMANDS[@]}}"'
+    written = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, check=True).stdout.splitlines()
+    config = manager.ConfigManager().parse_args(written)
+    par = config.parallelism
+    assert par.fsdp_reshard_after_forward == "never"
+    dims = parallel_dims.ParallelDims.from_config(par, world_size=p.world_size)
+    assert (dims.dp_replicate, dims.dp_shard, dims.tp) == (8, 8, 2)
+    assert torchtitan_run(h100, _plan(h100, p), "0.3").placement == p
+
+
+def test_megatron_reads_the_distributed_optimizer_instances(h100):
+    p = dataclasses.replace(default_placement(h100, tp=2, pp=2, zero_stage=1, micro_batch_size=1), dp_replicate=4)
+    args, _, _ = megatron_arguments(h100, p)
+    argv = [str(x) for flag, value in args for x in ((flag,) if value is None else (flag, value))]
+    ns = megatron_lm_namespace(argv)
+    assert ns.num_distributed_optimizer_instances == 4 and ns.use_distributed_optimizer
+    z2 = dataclasses.replace(p, dp_replicate=1, zero_stage=2)
+    args, _, _ = megatron_arguments(h100, z2)
+    ns = megatron_lm_namespace([str(x) for flag, value in args for x in ((flag,) if value is None else (flag, value))])
+    assert ns.use_megatron_fsdp and ns.data_parallel_sharding_strategy == "optim_grads"
+
+
+@pytest.mark.parametrize("zero, r, keep, expected", [(3, 1, True, "FULL_SHARD"), (3, 1, False, "SHARD_GRAD_OP"),
+                                                     (3, 8, True, "HYBRID_SHARD"), (3, 8, False, "_HYBRID_SHARD_ZERO2"),
+                                                     (0, 1, True, "NO_SHARD")])
+def test_llm_foundry_strategies_are_fsdp1s(h100, zero, r, keep, expected):
+    """The written sharding_strategy is a member of PyTorch FSDP1's ShardingStrategy (what Composer parses) and
+    the one that shards as the plan does; the shard and replicate degrees ride along with replicas."""
+    fsdp = require("torch.distributed.fsdp")
+    p = dataclasses.replace(default_placement(h100, tp=1, pp=1, zero_stage=zero, micro_batch_size=1), dp_replicate=r,
+                            reshard_after_forward=keep)
+    config, notes = fsdp_config(h100, p)
+    assert config["sharding_strategy"] == expected and fsdp.ShardingStrategy[expected]
+    assert (config.get("data_parallel_shard_degree"), config.get("data_parallel_replicate_degree")) == (
+        (128 // r, r) if r > 1 else (None, None))
+    assert not notes
+
+
+def test_node_sized_shard_groups_beat_fsdp_across_nodes_where_zero1_does_not_fit():
+    """docs/sharding_case.py: Llama-2 13B on 64 A100 40GB, 200 Gb/s per node, at tp 1 and pp 4 (16 data-parallel
+    ranks per stage, two nodes). HSDP with one node per shard group (2 replicas) keeps the per-layer gathers on
+    NVLink and sends only each layer's gradient shard across the nodes; FSDP over both nodes gathers across them
+    in every layer's forward and backward; ZeRO-1 keeps whole weights and gradients and overflows the 32 GiB
+    limit. (The fastest plan of each family is another size: FSDP at pp 8 shards inside a node.)"""
+    spec = importlib.util.spec_from_file_location("sharding_case", REPO / "docs" / "sharding_case.py")
+    case = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(case)
+    instance = instance_from_dict(case.INSTANCE)
+
+    def run(zero, r=1):
+        return evaluate(instance, dataclasses.replace(default_placement(instance, tp=1, pp=4, zero_stage=zero),
+                                                      dp_replicate=r))
+
+    hsdp, fsdp, zero1 = run(3, 2), run(3), run(1)
+    assert hsdp.fits and fsdp.fits and not zero1.fits
+    assert fsdp.iteration_time_s > 1.4 * hsdp.iteration_time_s
+    assert max(s.zero3_comm_s for s in fsdp.stages) > 1.5 * max(s.zero3_comm_s for s in hsdp.stages)
