@@ -66,7 +66,8 @@ from formulation.placement import even_split
 from formulation.space import Config, configurations, partition_fits, placement_for
 
 from solvers.bounds.kinds import least_optimizer_step
-from solvers.bounds.parts import best_group_time, node_links, stage_parts
+from solvers.bounds.levels import node_links
+from solvers.bounds.parts import best_group_time, stage_parts
 from solvers.bounds.slowest import least_slowest_stage_any_order
 
 INF = float("inf")
