@@ -205,7 +205,8 @@ def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float
     if layer_kinds.is_mixed(model):  # (E1) ZeRO-3 is refused with experts: no per-layer gathers
         kk = mixed_constants(instance, p, i, gpu_type)
         return StageLinks(gpu_type, kk, layer_time(kk.moe, job.tp_comm_overlap, tp, cp, 0.0, 0.0, moe_layer),
-                          dp_links, gpus, edp_links, layer_time(kk.dense, job.tp_comm_overlap, tp, cp, 0.0, 0.0))
+                          dp_links, gpus, edp_links,
+                          dense_layer=layer_time(kk.dense, job.tp_comm_overlap, tp, cp, 0.0, 0.0))
     k = stage_constants(instance, p, i, gpu_type)
     w_bytes, g_bytes, _ = job.bytes_per_param_state
     ag = rs = 0.0

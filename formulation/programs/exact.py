@@ -287,8 +287,10 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     parts_exposed = []
     for part, (kind, _, overlapped, _) in enumerate(parts_at(reference)):
         slowest = prog.var(f"DP[{i},{part}]")
-        shard_silent = not any(dp_sync_parts(b.inst, b.template, k, q)[part][1] for q in qs)  # zero 2-3: replicas
-        for g in b.dp_groups.get(i, []) if not shard_silent else []:
+        groups = b.dp_groups.get(i, [])  # none with dp x cp = 1 (the expert-only parts)
+        if not any(dp_sync_parts(b.inst, b.template, k, q)[part][1] for q in qs) if groups else True:
+            groups = []  # zero 2 with a shard group of one rank: only the replicas exchange (P9')
+        for g in groups:
             n = len(g.ranks)
             x_i, x_e, lat = (prog.var(f"{nm}[dp{g.ranks[0]},{part}]") for nm in ("XIdp", "XEdp", "Ddp"))
             x_e = x_i if cost.levels_concurrent() else x_e  # (C5) the levels at once: one part >= each
