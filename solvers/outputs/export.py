@@ -142,19 +142,10 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
             notes.append(f"Megatron-LM needs seq_length divisible by 2 x cp = {2 * p.cp} (causal load balancing); "
                          f"{job.seq_length} is not: pad the sequence or re-plan without cp={p.cp}")
     args += recompute_arguments(job, p)
-    if p.zero_stage == 1:
-        args.append(("--use-distributed-optimizer", None))
-        if p.dp_replicate > 1:  # the optimizer sharded inside dp_shard x cp, replicated across the instances
-            args.append(("--num-distributed-optimizer-instances", p.dp_replicate))
-    if p.zero_stage >= 2:  # the flags Megatron-FSDP's documentation requires
-        strategy = "optim_grads_params" if p.zero_stage == 3 else "optim_grads"
-        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
-                 ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
-                 ("--ckpt-format", "fsdp_dtensor")]
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = None  # FSDP overlaps better with more than one connection
-        notes.append(f"zero_stage {p.zero_stage} runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
-                     f"{strategy}); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
-                     "--untie-embeddings-and-output-weights; torchtitan_args.sh expresses it directly")
+    shard_args, shard_notes, shard_env = sharding_arguments(p)
+    args += shard_args
+    notes += shard_notes
+    env.update(shard_env)
     if job.overlap_grad_reduce and p.dp * p.cp > 1:
         args.append(("--overlap-grad-reduce", None))
         if job.overlap_param_gather and p.zero_stage >= 1:  # Megatron-LM allows it only with overlap-grad-reduce
@@ -171,6 +162,28 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     env.update(rack_env)
     notes += rack_notes
     return args + moe_arguments(model, job, p), notes, env
+
+
+def sharding_arguments(p: Placement) -> tuple[list[tuple[str, object]], list[str], dict]:
+    """The data-parallel sharding (formulation/physics/sharding.py) as Megatron-LM arguments: the distributed
+    optimizer (zero 1, with its instances for replicas) or Megatron-FSDP (zero 2 and 3)."""
+    args: list[tuple[str, object]] = []
+    notes: list[str] = []
+    env: dict[str, str | None] = {}
+    if p.zero_stage == 1:
+        args.append(("--use-distributed-optimizer", None))
+        if p.dp_replicate > 1:  # the optimizer sharded inside dp_shard x cp, replicated across the instances
+            args.append(("--num-distributed-optimizer-instances", p.dp_replicate))
+    if p.zero_stage >= 2:  # the flags Megatron-FSDP's documentation requires
+        strategy = "optim_grads_params" if p.zero_stage == 3 else "optim_grads"
+        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
+                 ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
+                 ("--ckpt-format", "fsdp_dtensor")]
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = None  # FSDP overlaps better with more than one connection
+        notes.append(f"zero_stage {p.zero_stage} runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
+                     f"{strategy}); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "
+                     "--untie-embeddings-and-output-weights; torchtitan_args.sh expresses it directly")
+    return args, notes, env
 
 
 def recompute_arguments(job, p: Placement) -> list[tuple[str, object]]:

@@ -141,15 +141,9 @@ def run_from_row(index: int, r: dict) -> Run:
     if tp * pp * cp * dp != n_gpus:
         return skip(f"tp x pp x cp x dp = {tp * pp * cp * dp} differs from n_gpus = {n_gpus}")
     old = _is_old_megatron(source)
-    recompute_text = (r["recompute"] or "").strip()
-    recompute = recompute_text.split("+")[0] if recompute_text else "none"
-    block = 0
-    if recompute.startswith("block:"):  # Megatron-LM --recompute-method block --recompute-num-layers r
-        count = recompute.partition(":")[2].strip()
-        block = int(count) if count.isdigit() else 0
-        if block < 1:
-            return skip(f"recompute {recompute!r}: expected block:<layers per chunk>, a positive integer")
-        recompute = "full"
+    recompute, block = _recompute(r)
+    if block < 0:
+        return skip(f"recompute {recompute!r}: expected block:<layers per chunk>, a positive integer")
     zero = _int(r, "zero", 0 if old else 1)
     data = _instance_data(index, r, precision, recompute, zero, old)
     try:
@@ -173,6 +167,17 @@ def run_from_row(index: int, r: dict) -> Run:
         return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
     return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
                   "measured_how": how})
+
+
+def _recompute(r: dict) -> tuple[str, int]:
+    """(policy, block layers) of a row's recompute cell: `block:r` is Megatron-LM's --recompute-method block
+    --recompute-num-layers r, i.e. ("full", r); (the cell, -1) where r is not a positive integer."""
+    text = (r["recompute"] or "").strip()
+    recompute = text.split("+")[0] if text else "none"
+    if not recompute.startswith("block:"):
+        return recompute, 0
+    count = recompute.partition(":")[2].strip()
+    return ("full", int(count)) if count.isdigit() and int(count) > 0 else (recompute, -1)
 
 
 def _layers_per_stage(r: dict, layers: int, pp: int, vpp: int) -> tuple[int, ...] | str:
