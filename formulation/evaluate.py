@@ -13,7 +13,8 @@ from formulation.physics import cost, layer_kinds, moe_cost, schedules, sharding
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
 from formulation.intervals import (POOLED, evidence, interval_basis, interval_note, prediction_interval,
                                    slow_tail_share, stack_kind)
-from formulation.placement import Placement, check_placement, placement_from_document
+from formulation.placement import Placement, check_placement
+from formulation.placement_file import placement_from_document
 from formulation.physics.stage import dp_sync as stage_dp_sync
 from formulation.physics.stage import (BlockConstants, iteration_time, layer_time, mixed_constants, mixed_passes,
                                        stage_constants, stage_passes)
@@ -340,7 +341,7 @@ def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -
 
 def evaluate(instance, placement: Placement | dict, check: bool = True) -> Estimate:
     """Score a complete placement with the cost model (C1)-(C14) and memory model (M1)-(M7). A dict is read as a
-    placement file is (`formulation.placement.placement_from_document`: omitted fields take their defaults, a bad
+    placement file is (`formulation.placement_file.placement_from_document`: omitted fields take their defaults, a bad
     field is an `InputError` naming it)."""
     if not isinstance(placement, Placement):
         placement = placement_from_document(placement, instance, "<placement>")

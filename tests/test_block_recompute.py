@@ -15,7 +15,8 @@ import pytest
 from conftest import REPO
 from formulation import InputError, evaluate, load_instance
 from formulation.data import REFERENCE_DIR
-from formulation.placement import default_placement, load_placement
+from formulation.placement import default_placement
+from formulation.placement_file import load_placement
 from solvers.outputs.export import megatron_arguments
 from solvers.validation.runs import load_runs
 

@@ -84,7 +84,7 @@ def test_typed_bound_is_stronger_than_the_fastest_type_bounds_somewhere():
 def test_every_placement_bound_stays_below_the_faster_placements():
     """B5 (the least over every configuration of every world size) against the placements that beat the old
     composition proof: each fits, and B5 is below it, however much tighter T makes B5."""
-    from formulation.placement import load_placement
+    from formulation.placement_file import load_placement
     for name in MIXED:
         instance = load_instance(REPRO / f"{name}.json")
         better = evaluate(instance, load_placement(REPRO / f"{name}_better.json", instance))

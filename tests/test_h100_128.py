@@ -10,7 +10,7 @@ import pytest
 
 from conftest import H100_128, run_solve
 from formulation import default_placement, evaluate, load_instance
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 
 MEGATRON_DEFAULT = dict(tp=4, pp=4, cp=2, vpp=5, micro_batch_size=1, recompute="selective", zero_stage=1)
 SOLVER_KEYS = {"method", "status", "objective_s", "bound_s", "gap", "wall_time_s", "seed"}

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import H100_128, build_instance, run_solve, small_instance_dict, write_instance
 from formulation import InputError, default_placement, evaluate, load_instance
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 
 
 def _compact(nodes) -> dict:

@@ -26,7 +26,7 @@ from conftest import H100_128, TESTS, build_instance, run_solve, small_instance_
 from formulation import InputError, load_instance
 from formulation.inputs.cluster import MAX_GPUS, MAX_GPUS_PER_NODE, MAX_NODES
 from formulation.inputs.model import read_json_file
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 from solvers.outputs.cli import main as cli_main
 
 MALFORMED = TESTS / "malformed"

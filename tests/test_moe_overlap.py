@@ -205,7 +205,7 @@ def test_exported_flags_pass_megatron_cores_own_config_checks(tmp_path):
 def test_a_plan_file_keeps_the_overlap():
     """The placement's document carries `moe_a2a_overlap` only when on, and reads back to the same placement;
     the report says whether the plan overlaps and what it changes."""
-    from formulation.placement import placement_from_document
+    from formulation.placement_file import placement_from_document
     from solvers.outputs.plan_notes import overlap_line
     inst = mixtral(virtual_pipeline_sizes=[2])
     p = default_placement(inst, tp=1, pp=2, dp=8, ep=8, vpp=2)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import build_instance
 from formulation import evaluate, load_instance
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 from solvers import solve
 from test_properties import instance_dicts, placements, with_slower_link
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from formulation import evaluate, load_instance
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 from solvers import backends, solve
 
 REPRO = Path(__file__).resolve().parent / "repro"

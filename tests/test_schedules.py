@@ -193,7 +193,7 @@ def test_zero_bubble_picture_simulates_the_plan(small_instance, vpp, tmp_path):
 def test_a_placement_file_with_a_schedule_its_stack_cannot_run_is_refused(small_instance):
     """Megatron-LM runs no zero-bubble schedule: a placement file asking for one is a one-line input error."""
     from formulation import InputError
-    from formulation.placement import placement_from_dict
+    from formulation.placement_file import placement_from_dict
 
     doc = {"tp": 1, "pp": 2, "dp": 4, "vpp": 2, "schedule": "zero_bubble"}
     with pytest.raises(InputError, match="schedule: software_stack megatron does not run InterleavedZeroBubble"):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from formulation import evaluate, load_instance
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 from solvers import solve
 
 REPRO = Path(__file__).parent / "repro"

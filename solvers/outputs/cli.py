@@ -24,7 +24,7 @@ from pathlib import Path
 from formulation import InfeasibleError, InputError, evaluate, load_instance
 from formulation.inputs.ingest import summarize
 from formulation.inputs.user_calibration import apply_user_calibration, load_user_calibration
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 from solvers import solve
 from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from formulation import InfeasibleError, InputError, evaluate, load_instance
 from formulation.inputs.failures import Survivors, parse_failed
-from formulation.placement import load_placement
+from formulation.placement_file import load_placement
 from formulation.shards import ranks_moved
 from solvers import backends
 from solvers.outputs.arguments import OneLineParser, seconds, seed
