@@ -15,13 +15,12 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-import numpy as np
 
 from formulation.physics import cost, layer_kinds, sharding
 from formulation.physics.cost import GroupLinks
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
-                                                 expert_sync_time, symmetric_unit)
+                                                 expert_sync_time, symmetry_breaking)
 from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables, sync_time
 from formulation.programs.exact_schedule import zero_bubble_objective
 from formulation.programs.layer_mix import mix_partition
@@ -76,7 +75,7 @@ def build_program(instance, config: Config) -> Program:
     dp_exposed = [_dp_sync(b, i) for i in range(config.pp)]
     chain = _p2p_chain(b)
     _objective(b, stage_time, dp_exposed, chain)
-    _symmetry_breaking(b)
+    symmetry_breaking(b)
     b.prog.tighten_upper_bounds()
     return b.prog
 
@@ -390,25 +389,3 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
         prog.objective[var] = v * weight
     prog.objective_constant += v * b.t(b.gpu_type.iteration_overhead_s)
     prog.objective_divisor = v
-
-
-def _symmetry_breaking(b: _Builder) -> None:
-    """(P13) Data-parallel replicas are interchangeable (permuting the dp coordinate everywhere keeps every
-    group and every pipeline pair): order replicas by the class of their first rank in stage 0. Without
-    data parallelism, order the tensor-parallel ranks of stage 0's first group the same way. Expert groups
-    (mixture-of-experts) are kept only by permutations of whole units of replicas that hold whole expert blocks
-    (`symmetric_unit`), so replicas are ordered unit by unit, and without such units not at all."""
-    prog, c, tpl = b.prog, b.c, b.template
-    grid = np.asarray(tpl.gpus).reshape(c.pp, c.dp, c.cp, c.tp)
-    unit = symmetric_unit(tpl)
-    # with replicas (dp_replicate > 1) only the replicas of one shard group are interchangeable (a permutation of
-    # the dp coordinate must keep the shard groups and the replicate groups): those of the first
-    units = c.tp * c.cp * c.dp // unit if c.dp_replicate == 1 else c.dp_shard
-    leaders = [int(tpl.gpus[j * unit]) for j in range(units)] if units > 1 else \
-        [int(grid[0, 0, 0, x]) for x in range(c.tp)] if c.tp > 1 and c.ep * c.etp == 1 else []
-    for r, r2 in zip(leaders, leaders[1:]):
-        terms = {}
-        for u in range(len(prog.classes)):
-            terms[prog.assign[(r, u)]] = terms.get(prog.assign[(r, u)], 0) + u
-            terms[prog.assign[(r2, u)]] = terms.get(prog.assign[(r2, u)], 0) - u
-        prog.add(terms, "<=", 0, "P13 symmetry")

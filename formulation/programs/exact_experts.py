@@ -3,16 +3,19 @@ dispatch and combine and the expert-tp gather and scatter of a stage's slowest s
 time as `formulation/physics/stage.py::layer_time(..., ep=...)` adds them, and the expert-data-parallel gradient
 sync that `stage.dp_sync` adds to the dense collective of the same kind. `b` is the program builder of
 `formulation/programs/exact.py`. Expert groups re-split each stage's tp x cp x dp ranks in the order etp-ep-edp
-(`Placement.expert_grid`), so their ranks come from the template placement like every other group's."""
+(`Placement.expert_grid`), so their ranks come from the template placement like every other group's. The
+symmetry breaking (P13) lives here too, since interchangeable units are whole expert blocks (`symmetric_unit`)."""
 
 from __future__ import annotations
 
 import math
 
-from formulation.physics import cost, moe_cost
+import numpy as np
+
+from formulation.physics import moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.physics.stage import expert_dp_messages
-from formulation.programs.exact_groups import INF, group_time, group_variables, sync_time
+from formulation.programs.exact_groups import group_time, group_variables, sync_time
 
 
 def expert_layer_comm(b, i: int) -> int | None:
@@ -87,3 +90,25 @@ def symmetric_unit(tpl) -> int:
     groups (as sets), when a unit holds whole dp replicas (tp x cp ranks) and whole expert blocks (ep x etp ranks):
     the least common multiple of the two."""
     return math.lcm(tpl.tp * tpl.cp, tpl.ep * tpl.etp)
+
+
+def symmetry_breaking(b) -> None:
+    """(P13) Data-parallel replicas are interchangeable (permuting the dp coordinate everywhere keeps every
+    group and every pipeline pair): order replicas by the class of their first rank in stage 0. Without
+    data parallelism, order the tensor-parallel ranks of stage 0's first group the same way. Expert groups
+    (mixture-of-experts) are kept only by permutations of whole units of replicas that hold whole expert blocks
+    (`symmetric_unit`), so replicas are ordered unit by unit, and without such units not at all."""
+    prog, c, tpl = b.prog, b.c, b.template
+    grid = np.asarray(tpl.gpus).reshape(c.pp, c.dp, c.cp, c.tp)
+    unit = symmetric_unit(tpl)
+    # with replicas (dp_replicate > 1) only the replicas of one shard group are interchangeable (a permutation of
+    # the dp coordinate must keep the shard groups and the replicate groups): those of the first
+    units = c.tp * c.cp * c.dp // unit if c.dp_replicate == 1 else c.dp_shard
+    leaders = [int(tpl.gpus[j * unit]) for j in range(units)] if units > 1 else \
+        [int(grid[0, 0, 0, x]) for x in range(c.tp)] if c.tp > 1 and c.ep * c.etp == 1 else []
+    for r, r2 in zip(leaders, leaders[1:]):
+        terms = {}
+        for u in range(len(prog.classes)):
+            terms[prog.assign[(r, u)]] = terms.get(prog.assign[(r, u)], 0) + u
+            terms[prog.assign[(r2, u)]] = terms.get(prog.assign[(r2, u)], 0) - u
+        prog.add(terms, "<=", 0, "P13 symmetry")
