@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ALL_BACKENDS
+from conftest import ALL_BACKENDS, REPO
 from test_bounds import brute_force_optimum
 from test_exact import programs_match_evaluator
 
@@ -171,3 +171,28 @@ def test_each_rack_of_a_mixed_cluster_is_an_island():
     islands = find_islands(cluster)
     assert [(i.gpu_type, i.num_gpus) for i in islands] == [("h100-sxm-80gb", 112), ("gb200", 72), ("gb200", 72)]
     assert [cluster.domain_name(int(cluster.node_domain[i.nodes[0]])) for i in islands[1:]] == ["rack0", "rack1"]
+
+
+def test_a_mixed_rack_cluster_prices_each_type_at_its_own_levels():
+    """(B5) `type_links` on a mixed cluster with NVLink domains: a GB200 tray's fast level is its rack's NVLink
+    (900 GB/s across trays), an H100 node's its own NVLink; the slow level the network beyond (review finding: the
+    domain matrix was indexed by node)."""
+    from solvers.bounds.every_placement import type_links
+    cluster = load_instance(f"{REPO}/instances/h100_gb200_256.json").cluster
+    assert type_links(cluster, "gb200") == (900.0, 48.0)
+    assert type_links(cluster, "h100-sxm-80gb") == (450.0, 48.0)
+
+
+def test_survivors_keep_their_racks_when_a_partial_tray_is_listed_last():
+    """A re-plan lists a tray that lost GPUs after the whole ones, away from its rack-mates: the bounds group the
+    cluster by domain number, so the domain matrix and the level units agree (review finding: the weakest cuts
+    raised an IndexError) and the partial tray still reaches its rack at NVLink speed."""
+    from formulation.inputs.failures import Survivors, parse_failed
+    from solvers.bounds.levels import cluster_extremes, level_units, node_links, weakest_cuts
+    instance = load_instance(f"{REPO}/instances/gb200_nvl72_576.json")
+    reduced, _ = Survivors.of(instance, parse_failed("tray000:3", instance.cluster)).all
+    cluster = reduced.cluster
+    assert cluster.node_domain[-1] == 0 and cluster.node_domain[-2] == 7  # rack 0's partial tray listed last
+    assert node_links(cluster).shape == (8, 8) and level_units(cluster) == (8, 72)
+    assert cluster_extremes(cluster) == (900.0, 48.0)
+    assert weakest_cuts(cluster)[0] == (48.0, 72)

@@ -267,15 +267,26 @@ def placed_pipeline(b, us: list[float], extras: np.ndarray, caps: np.ndarray, M:
 
 
 def type_links(cluster, name: str) -> tuple[float, float]:
-    """The fastest intra-node pair on a node of GPU type `name`, and the fastest inter-node pair with one end
-    on such a node (either direction; INF where there is none)."""
+    """The fastest pair at the fast level with one end on a node of GPU type `name` (inside such a node, or
+    across trays of its NVLink domain), and the fastest pair at the slow level with one end on such a node
+    (between nodes, or between domains where declared; either direction; INF where there is none)."""
     mine = [k for k, node in enumerate(cluster.nodes) if node.gpu_type == name]
     intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for k, m in enumerate(cluster.intra_gb_per_s)
                  if k in mine and m.shape[0] > 1), default=INF)
-    if len(cluster.nodes) < 2:
-        return intra, INF
+    if cluster.has_domains:  # the trays of a domain talk at its NVLink figure: the fast level too
+        domain = cluster.node_domain
+        mates = [float(cluster.inter_gb_per_s[k, j]) for k in mine for j in range(len(cluster.nodes))
+                 if j != k and domain[j] == domain[k]]
+        mates += [float(v) for (a, c), v in cluster.gpu_pair_gb_per_s.items()  # measured faster pairs too
+                  if {int(cluster.gpu_node[a]), int(cluster.gpu_node[c])} & set(mine)
+                  and domain[cluster.gpu_node[a]] == domain[cluster.gpu_node[c]]]
+        if mates:
+            intra = max(mates) if intra == INF else max(intra, max(mates))
     W = node_links(cluster)
-    return intra, float(max(W[mine, :].max(), W[:, mine].max()))
+    if W.shape[0] < 2:
+        return intra, INF
+    units = np.unique(cluster.node_domain[mine]) if cluster.has_domains else np.asarray(mine)
+    return intra, float(max(W[units, :].max(), W[:, units].max()))
 
 
 def _type_groups(instance, b, name: str) -> tuple[float, float, float, float]:
@@ -300,7 +311,7 @@ def _type_groups(instance, b, name: str) -> tuple[float, float, float, float]:
     ag, rs = b.ag, b.rs
     if config.zero_stage >= 3 and b.ag + b.rs > 0:
         params = stage_constants(instance, p, 0, b.gpu_type).layer_params
-        n = config.dp * config.cp
+        n = config.shard_size  # the per-layer gathers run over the shard group (dp_shard x cp)
         ag = least(lambda lk: cost.collective_time("all_gather", params * w_bytes, lk, cluster), n)
         rs = least(lambda lk: cost.collective_time("reduce_scatter", params * g_bytes, lk, cluster), n)
     return max(tp, b.tp), b.cp, max(ag, b.ag), max(rs, b.rs)

@@ -23,20 +23,20 @@ def _node_pair_links(cluster) -> np.ndarray:
     return W
 
 
-def _domain_starts(cluster) -> np.ndarray:
-    """First node of every NVLink domain (domains are consecutive runs of nodes)."""
-    return np.flatnonzero(np.r_[True, np.diff(cluster.node_domain) != 0])
-
-
 @functools.lru_cache(maxsize=2)
 def node_links(cluster) -> np.ndarray:
     """U x U over the units of the groups' slow level (nodes, or NVLink domains where declared): the fastest GPU
-    pair between two units, -INF on the diagonal. The graph the cut and span bounds reason about. Cached."""
+    pair between two units, -INF on the diagonal. The graph the cut and span bounds reason about. Cached. Units are
+    grouped by domain number, not by runs of nodes (a re-plan's survivors may list a rack's trays apart)."""
     W = _node_pair_links(cluster)
     if not cluster.has_domains:
         return W
-    starts = _domain_starts(cluster)
-    D = np.maximum.reduceat(np.maximum.reduceat(W, starts, axis=0), starts, axis=1)
+    domain = cluster.node_domain
+    units = int(domain.max()) + 1
+    rows = np.full((units, W.shape[1]), -INF)
+    np.maximum.at(rows, domain, W)
+    D = np.full((units, units), -INF)
+    np.maximum.at(D.T, domain, rows.T)
     np.fill_diagonal(D, -INF)
     return D
 

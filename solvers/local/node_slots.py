@@ -1,8 +1,8 @@
 """Whole-node stages scored from tables: a fast annealer over the order of the cluster's nodes (issue 19).
 
 Where every stage is K >= 2 whole nodes of one GPU type (solvers/local/bottleneck.py's `nodes_per_stage`), tp and
-cp groups lie inside a node (tp x cp divides the GPUs per node) and the model has no experts and no ZeRO-3 gathers,
-a node-contiguous map is a node order: stage i's slot s holds node order[i K + s], whose GPUs serve the stage's
+cp groups lie inside a node (tp x cp divides the GPUs per node) and the model has no experts and no per-layer dp
+collectives (ZeRO-2 and 3), a node-contiguous map is a node order: stage i's slot s holds node order[i K + s], whose GPUs serve the stage's
 ranks s g .. (s + 1) g - 1 in local order. Its evaluator time is then
 
     t(order) = F + sum_j w_j max_s c[order[j K + s], order[(j + 1) K + s]] + max_i max_{a, b in stage i} e_i[a, b]
@@ -70,7 +70,7 @@ def slot_tables(instance, placement) -> SlotTables | None:
     config, cluster = placement.config, instance.cluster
     K = nodes_per_stage(instance, config)
     per_node = cluster.nodes[0].num_gpus
-    if (not K or len(cluster.nodes) > MAX_NODES or moe_cost.is_moe(instance.model) or placement.zero_stage >= 3
+    if (not K or len(cluster.nodes) > MAX_NODES or moe_cost.is_moe(instance.model) or placement.zero_stage >= 2
             or placement.dp_replicate > 1
             or per_node % (config.tp * config.cp) or cluster.gpu_pair_gb_per_s or cluster.has_domains
             or any(not np.array_equal(m, cluster.intra_gb_per_s[0]) for m in cluster.intra_gb_per_s)):

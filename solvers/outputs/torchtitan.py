@@ -91,8 +91,7 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
     p, e = plan.placement, plan.estimate
     if p.zero_stage in runnable_zero_stages(p, release):
         return TorchtitanRun(release, p, e, expert_notes(p) + block_recompute_notes(p))
-    scored = [(evaluate(instance, dataclasses.replace(p, zero_stage=z), check=False), z)
-              for z in runnable_zero_stages(p, release)]
+    scored = [(evaluate(instance, with_zero_stage(p, z), check=False), z) for z in runnable_zero_stages(p, release)]
     fitting = [(est, z) for est, z in scored if est.fits] or scored
     est, z = min(fitting, key=lambda pair: pair[0].iteration_time_s)
     kind = "FSDP (data_parallel_shard_degree = dp)" if z == 3 else "replicate (data_parallel_replicate_degree = dp)"
@@ -107,8 +106,14 @@ def torchtitan_run(instance, plan, release: str) -> TorchtitanRun:
               "Megatron route" if instance.model.moe is not None else
               ". For a plan torchtitan runs as planned: solve --framework torchtitan")
     note += ("; " + "; ".join(others) if others else "") + advice
-    return TorchtitanRun(release, dataclasses.replace(p, zero_stage=z), est,
-                        (note, *expert_notes(p), *block_recompute_notes(p)))
+    return TorchtitanRun(release, with_zero_stage(p, z), est, (note, *expert_notes(p), *block_recompute_notes(p)))
+
+
+def with_zero_stage(p, zero: int):
+    """`p` at another zero stage, its sharding choices kept only where that stage has them (replicas need sharded
+    states, zero >= 1; reshard_after_forward is a zero-3 choice)."""
+    return dataclasses.replace(p, zero_stage=zero, dp_replicate=p.dp_replicate if zero else 1,
+                               reshard_after_forward=p.reshard_after_forward if zero == 3 else True)
 
 
 @dataclass(frozen=True)
