@@ -9,7 +9,7 @@ import dataclasses
 import math
 
 import pytest
-from conftest import ALL_BACKENDS, small_instance_dict
+from conftest import seeds_by_backend, small_instance_dict
 from test_bounds import brute_force_optimum
 from test_moe_exact import moe_exact_instance
 from test_moe_plans import mixtral
@@ -137,11 +137,12 @@ def _cases():
     return CASES + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW_CASES]
 
 
-@pytest.mark.parametrize("backend", ALL_BACKENDS)
-@pytest.mark.parametrize("seed,fast_links", _cases())
-def test_program_equals_brute_force_and_the_evaluator_with_the_overlap(backend, seed, fast_links):
+@pytest.mark.parametrize("case,backend", seeds_by_backend(CASES + SLOW_CASES, slow_seeds=SLOW_CASES))
+def test_program_equals_brute_force_and_the_evaluator_with_the_overlap(case, backend):
     """Every configuration with the overlap: the exact program's optimum is its brute-force minimum (every
-    partition and map scored by evaluate()) and the evaluator's time of the decoded placement, to 1e-6."""
+    partition and map scored by evaluate()) and the evaluator's time of the decoded placement, to 1e-6 (the quick
+    suite one backend per case in turn, every pair with the slow checks)."""
+    seed, fast_links = case
     instance, best = overlap_optima(seed, fast_links)
     overlapped = [c for c in best if c.moe_a2a_overlap]
     assert overlapped, "the instance must offer the overlap"
