@@ -233,3 +233,19 @@ def test_node_sized_shard_groups_beat_fsdp_across_nodes_where_zero1_does_not_fit
     assert hsdp.fits and fsdp.fits and not zero1.fits
     assert fsdp.iteration_time_s > 1.4 * hsdp.iteration_time_s
     assert max(s.zero3_comm_s for s in fsdp.stages) > 1.5 * max(s.zero3_comm_s for s in hsdp.stages)
+
+
+def test_a_torchtitan_fallback_zero_stage_drops_sharding_choices_it_cannot_have():
+    """torchtitan's fallback to another zero stage (solvers/outputs/torchtitan.py): replicas need sharded states and
+    reshard_after_forward is a zero-3 choice, so zero 0 drops both and zero 3 keeps the replicas (review finding: a
+    zero-1 plan with optimizer instances mapped to zero 0 kept them, priced wrong or crashed)."""
+    from formulation import load_instance
+    from formulation.placement import default_placement
+    from solvers.outputs.torchtitan import with_zero_stage
+    instance = load_instance(REPO / "instances" / "h100_128.json")
+    p = dataclasses.replace(default_placement(instance, tp=8, pp=2, zero_stage=1), dp_replicate=4)
+    zero0, zero3 = with_zero_stage(p, 0), with_zero_stage(p, 3)
+    assert (zero0.zero_stage, zero0.dp_replicate, zero0.reshard_after_forward) == (0, 1, True)
+    assert (zero3.zero_stage, zero3.dp_replicate) == (3, 4)
+    from formulation.placement import check_placement
+    check_placement(instance, zero0, "test")  # a valid placement: no InputError
