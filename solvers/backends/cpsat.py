@@ -13,6 +13,7 @@ already.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -23,6 +24,17 @@ INF = float("inf")
 # Stop once the incumbent is proven within this fraction of the bound (the exact program itself is
 # exact; this only ends the proof at a resolution far below any difference between plans).
 RELATIVE_GAP = 1e-8
+
+
+def memory_limit_mb() -> int:
+    """CP-SAT's memory cap per solve: a quarter of the machine's memory, at most 4 GiB. Its default (10 GB) lets two
+    solves of one process (one given up and still running, one new) take 20 GB and the machine's OOM killer ends the
+    process: a solve that reaches the cap stops as one out of time does (a bound and the best plan found)."""
+    try:
+        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return 4096
+    return int(max(512, min(4096, total_mb // 4)))
 # the caller wakes this often while CP-SAT runs: Python raises KeyboardInterrupt in the main thread when it next
 # runs bytecode, and a Ctrl-C signal that the kernel hands to another thread does not wake a blocked join
 WAKE_S = 0.05
@@ -137,6 +149,7 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, wa
     solver.parameters.random_seed = seed
     solver.parameters.relative_gap_limit = RELATIVE_GAP
     solver.parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
+    solver.parameters.max_memory_in_mb = memory_limit_mb()
     watch["solving"].set()
     code = solver.Solve(model)
     unit = program.time_unit_s / scale / program.objective_divisor
