@@ -110,6 +110,24 @@ def _stop(watch: dict) -> None:
         watch["solver"].StopSearch()
 
 
+
+def _set_parameters(parameters, time_limit_s: float | None, threads: int, seed: int) -> None:
+    """CP-SAT's parameters for one solve of a program."""
+    parameters.catch_sigint_signal = False  # Ctrl-C is the watching caller's to handle
+    if time_limit_s is not None:
+        parameters.max_time_in_seconds = float(time_limit_s)
+    parameters.num_workers = max(1, threads)
+    parameters.random_seed = seed
+    parameters.relative_gap_limit = RELATIVE_GAP
+    parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
+    parameters.max_memory_in_mb = memory_limit_mb()
+    # probing at level 2 (the default) can run integer propagation in a loop whose steps are tiny next to the
+    # time variables' domains: a 4-GPU program of 88 variables (tests/test_schedules_exact.py seed 7) made 173
+    # million bound changes, took 150 s and 10 GB (the memory cap is not checked inside that loop); level 1 solves
+    # it in 0.1 s
+    parameters.cp_model_probing_level = 1
+
+
 def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, watch: dict) -> BackendResult:
     """One CP-SAT solve in the watched thread of `solve`: the solver goes in `watch` (to be stopped), and its
     "solving" event is set when the model is built."""
@@ -142,14 +160,7 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, wa
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in program.objective.items()))
     solver = cp_model.CpSolver()
     watch["solver"] = solver
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is the watching caller's to handle
-    if time_limit_s is not None:
-        solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = seed
-    solver.parameters.relative_gap_limit = RELATIVE_GAP
-    solver.parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
-    solver.parameters.max_memory_in_mb = memory_limit_mb()
+    _set_parameters(solver.parameters, time_limit_s, threads, seed)
     watch["solving"].set()
     code = solver.Solve(model)
     unit = program.time_unit_s / scale / program.objective_divisor
