@@ -29,16 +29,14 @@ from solvers import solve
 from solvers.backends import portfolio
 from solvers.local.block_recompute import block_recompute_hint
 from formulation.inputs.frameworks import config_problem
-from solvers.outputs.arguments import OneLineParser, add_framework_option, count, seconds, seed
-from solvers.outputs.files import write_json_atomic
+from solvers.outputs.arguments import (EXIT_BAD_INPUT, EXIT_OK, OneLineParser, add_framework_option, count, fail,
+                                       planning_failure, seconds, seed, write_plan_file)
 from solvers.outputs.plan_notes import input_warnings, launch_notes
 from solvers.outputs.report import estimate_warnings, print_report, terminal_console
 from solvers.result import with_caveats, with_plausibility
 from solvers.search.driver import NoPlanInTime
 from solvers.search.uniform import MAX_EXACT_SIZE
 from solvers.strategy import BACKENDS, METHODS, SOLVER_ALIASES, strategy
-
-EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,11 +88,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(code: int, message: str) -> int:
-    print(message.replace("\n", " "), file=sys.stderr)
-    return code
-
-
 def _validate_command(argv: list[str]) -> int:
     # Subcommands import their modules on demand: validation pulls in scipy, which `solve --help` should not wait for.
     from solvers.validation import validate
@@ -142,7 +135,7 @@ def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     problem = _argument_problem(args)
     if problem:
-        return _fail(EXIT_BAD_INPUT, problem)
+        return fail(EXIT_BAD_INPUT, problem)
     args.method, args.backend = strategy(args.solver, args.method or "auto", args.backend or "auto")
     try:
         instance = load_instance(args.instance, framework=args.framework)
@@ -156,7 +149,7 @@ def run(argv: list[str]) -> int:
             placement = load_placement(args.evaluate, instance)
             problem = config_problem(instance.training.framework, instance.training.seq_length, placement)
             if problem:  # the framework would run something else: its score would not be this placement's
-                return _fail(EXIT_BAD_INPUT, f"error: {args.evaluate}: {problem[0]}: {problem[1]} "
+                return fail(EXIT_BAD_INPUT, f"error: {args.evaluate}: {problem[0]}: {problem[1]} "
                                              f"({instance.training.framework_origin})")
             result = _Evaluated(placement, evaluate(instance, placement))
         else:
@@ -165,18 +158,11 @@ def run(argv: list[str]) -> int:
             result.hints = [h for h in [block_recompute_hint(instance, result.placement, result.estimate)] if h]
         result.warnings = input_warnings(instance) + estimate_warnings(instance, result.estimate)
         result.calibration = None if instance.calibration is None else instance.calibration.to_dict()
-    except InputError as exc:
-        return _fail(EXIT_BAD_INPUT, f"error: {exc}")
-    except InfeasibleError as exc:
-        return _fail(EXIT_INFEASIBLE, f"infeasible: {exc}")
-    except NoPlanInTime as exc:
-        return _fail(EXIT_INFEASIBLE, f"timeout: {exc}")
+    except (InputError, InfeasibleError, NoPlanInTime) as exc:
+        return planning_failure(exc)
     plan = result.to_dict(instance.cluster)
-    if args.output:
-        try:
-            write_json_atomic(args.output, plan)
-        except OSError as exc:
-            return _fail(EXIT_BAD_INPUT, f"error: {args.output}: cannot write: {exc.strerror or exc}")
+    if args.output and (code := write_plan_file(args.output, plan)) is not None:
+        return code
     if args.json:
         print(json.dumps(plan, indent=2))
         return _write_outputs(args, instance, result, console)
@@ -198,7 +184,7 @@ def _ingest(argv: list[str]) -> int:
         for path in args.files:
             print(summarize(path, args.gpu_generation))
     except InputError as exc:
-        return _fail(EXIT_BAD_INPUT, f"error: {exc}")
+        return fail(EXIT_BAD_INPUT, f"error: {exc}")
     return EXIT_OK
 
 
@@ -227,7 +213,7 @@ def _write_outputs(args, instance, plan, console) -> int:
             from solvers.outputs.plots import write_pictures
             written = write_pictures(instance, plan.placement, plan.estimate, target)
     except OSError as exc:
-        return _fail(EXIT_BAD_INPUT, f"error: {target}: cannot write: {exc.strerror or exc}")
+        return fail(EXIT_BAD_INPUT, f"error: {target}: cannot write: {exc.strerror or exc}")
     for path in written.values():
         console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     for note in launch_notes(instance, plan) if args.output_dir else []:  # report.html lists them too
@@ -267,13 +253,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = run(argv)
     except KeyboardInterrupt:
-        code = _fail(130, "interrupted")
+        code = fail(130, "interrupted")
     except BrokenPipeError:
         code = EXIT_OK
     except Exception as exc:  # a bug, not bad input: one line unless debugging
         if os.environ.get("SOLVE_DEBUG"):
             raise
-        code = _fail(3, f"internal error: {type(exc).__name__}: {exc} (set SOLVE_DEBUG=1 for a traceback)")
+        code = fail(3, f"internal error: {type(exc).__name__}: {exc} (set SOLVE_DEBUG=1 for a traceback)")
     sys.exit(code)
 
 

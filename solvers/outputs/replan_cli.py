@@ -22,14 +22,13 @@ from formulation.inputs.failures import Survivors, parse_failed
 from formulation.placement_file import load_placement
 from formulation.shards import ranks_moved
 from solvers import backends
-from solvers.outputs.arguments import OneLineParser, seconds, seed
+from solvers.outputs.arguments import (EXIT_BAD_INPUT, EXIT_OK, OneLineParser, fail, planning_failure, seconds, seed,
+                                       write_plan_file)
 from solvers.outputs.files import write_json_atomic
 from solvers.result import PlanResult, SolverReport
 from solvers.search.driver import NoPlanInTime
 from solvers.search.replan import MOVE_TOLERANCE, fewest_moves, replan
 from solvers.search.replan_warm import warm_starts
-
-EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _parser() -> OneLineParser:
@@ -64,21 +63,16 @@ def fraction(text: str) -> float:
     return value
 
 
-def _fail(code: int, message: str) -> int:
-    print(message.replace("\n", " "), file=sys.stderr)
-    return code
-
-
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.precompute and not args.out:
-        return _fail(EXIT_BAD_INPUT, "--out: expected the table's directory with --precompute")
+        return fail(EXIT_BAD_INPUT, "--out: expected the table's directory with --precompute")
     if not args.precompute and not args.failed:
-        return _fail(EXIT_BAD_INPUT, "--failed: expected the failed nodes and GPUs (node-a,node-b:3)")
+        return fail(EXIT_BAD_INPUT, "--failed: expected the failed nodes and GPUs (node-a,node-b:3)")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        return _fail(EXIT_BAD_INPUT, f"--out: {args.out} exists and is not a directory")
+        return fail(EXIT_BAD_INPUT, f"--out: {args.out} exists and is not a directory")
     if args.output and Path(args.output).is_dir():
-        return _fail(EXIT_BAD_INPUT, f"--output: {args.output} is a directory; expected the plan file's path")
+        return fail(EXIT_BAD_INPUT, f"--output: {args.output} is a directory; expected the plan file's path")
     try:
         instance = load_instance(args.instance)
         old = load_placement(args.plan, instance)
@@ -89,18 +83,11 @@ def main(argv: list[str]) -> int:
         _one_gpu_type(instance, failed, "--failed", args.failed)
         found = replan(instance, old, failed, time_limit_s=args.time_limit, seed=args.seed,
                        solver=_partition_backend(), move_tolerance=args.move_tolerance)
-    except InputError as exc:
-        return _fail(EXIT_BAD_INPUT, f"error: {exc}")
-    except InfeasibleError as exc:
-        return _fail(EXIT_INFEASIBLE, f"infeasible: {exc}")
-    except NoPlanInTime as exc:
-        return _fail(EXIT_INFEASIBLE, f"timeout: {exc}")
+    except (InputError, InfeasibleError, NoPlanInTime) as exc:
+        return planning_failure(exc)
     plan = replan_document(instance, found, args.seed, old)
-    if args.output:
-        try:
-            write_json_atomic(args.output, plan)
-        except OSError as exc:
-            return _fail(EXIT_BAD_INPUT, f"error: {args.output}: cannot write: {exc.strerror or exc}")
+    if args.output and (code := write_plan_file(args.output, plan)) is not None:
+        return code
     print(json.dumps(plan, indent=2) if args.json else summary(instance, found))
     return EXIT_OK
 
