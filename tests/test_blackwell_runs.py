@@ -129,6 +129,25 @@ def test_moe_model_zoo_rack_rows_run_on_gb200_and_gb300():
             assert len(set(cluster.domain_of_node)) == max(1, run.placement.world_size // 64)
 
 
+def test_nemo_long_sequence_tflops_count_the_full_attention_core():
+    """NeMo's long-sequence page (rows 88-104) computed TFLOPS with `nemo/utils/flops_formulas.py` `llama2` /
+    `llama3` as of its B200 table (NVIDIA/NeMo 19fadb67b0, 2025-05-08): gbs s l h^2 (12 + 12 g/a + 18 f/h + 12 s/h
+    + 6 V/(l h)), the attention core undiscounted (the causal 0.5 came in 6251117f4c, 2025-08-09). The loader's
+    Megatron-LM count is that formula, so the times it derives are the page's; a causal reading would shorten the
+    cp rows' (32k tokens and more) times to at most 0.74 of them (docs/validation.md)."""
+    rows = {r.row: r for r in crossval.reference_runs() if 88 <= r.row <= 104}
+    assert len(rows) == 17
+    for run in rows.values():
+        m, t = run.instance.model, run.instance.training
+        b, s, l, h = t.global_batch_size, t.seq_length, m.num_layers, m.hidden_size
+        g, a, f, v = m.num_kv_heads, m.num_attention_heads, m.ffn_hidden_size, m.vocab_size
+        nemo = b * s * l * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * v / (l * h))
+        assert m.megatron_model_flops(b, s) == pytest.approx(nemo, rel=1e-5)
+        assert run.measured_how == "from TFLOP/s (Megatron-LM formula)"
+        causal = nemo - b * s * l * h * h * 6 * s / h
+        assert (causal / nemo < 0.74) == (s >= 32768)
+
+
 def _synthetic(rows, efficiency, overhead_s):
     runs = [r for r in calibrate.usable(crossval.reference_runs()) if r.row in rows]
     return [dataclasses.replace(r, measured_iter_s=evaluate(calibrate.with_parameters(
