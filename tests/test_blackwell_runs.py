@@ -47,15 +47,55 @@ def test_the_published_tflops_are_the_tokens_with_causal_attention(bridge):
         assert per_token < 0.97 * full
 
 
-def test_rack_runs_are_described_as_nodes_of_64_with_the_assumption_recorded(bridge):
-    """The NVL72 domain is not modelled yet: GB200 / GB300 runs sit on nodes of 64 GPUs, said per row."""
+def test_rack_runs_run_on_trays_in_nvlink_domains_as_the_launcher_segments_them(bridge):
+    """GB200 / GB300 runs sit on trays of 4 GPUs (the hosts, a NIC per GPU), the trays of a rack on one NVLink
+    domain: Megatron-Bridge's launcher asks Slurm for segments of the tray count up to 18, else its largest divisor
+    up to 18, so 2 trays for 8 GPUs, 16 for 64 and 4 racks of 16 for 256. Recorded per row."""
     for run in bridge.values():
-        per_node = run.instance.cluster.nodes[0].num_gpus
+        cluster = run.instance.cluster
         if run.gpu_type == "b200":
-            assert per_node == 8 and not any(a.startswith("gpus_per_node") for a in run.assumptions)
-        else:
-            assert per_node == min(64, run.placement.world_size)
-            assert any(a.startswith("gpus_per_node: 72 -> 64") for a in run.assumptions)
+            assert cluster.nodes[0].num_gpus == 8 and cluster.domain_of_node is None
+            assert not any(a.startswith(("gpus_per_node", "nvlink_domain_gpus")) for a in run.assumptions)
+            continue
+        trays = run.placement.world_size // 4
+        segment = trays if trays <= 18 else max(d for d in range(1, 19) if trays % d == 0)
+        assert [n.num_gpus for n in cluster.nodes] == [4] * trays
+        assert cluster.domain_of_node == tuple(k // segment for k in range(trays))
+        assert any(a.startswith("gpus_per_node: 72 -> 4") for a in run.assumptions)
+        assert any(a.startswith(f"nvlink_domain_gpus: blank -> {4 * segment}") for a in run.assumptions)
+    assert {len(set(bridge[row].instance.cluster.domain_of_node)) for row in (1412, 1413, 1414, 1415)} == {4}
+
+
+def test_the_racks_price_as_the_nodes_of_64_they_replaced(bridge):
+    """Racks of 16 trays at one NVLink figure are what nodes of 64 GPUs were (R1-R2, docs/racks.md): the 256-GPU
+    runs' times are unchanged by the re-expression, to the evaluator's rounding."""
+    for row in (1408, 1412, 1414):
+        run = bridge[row]
+        data = run.instance.cluster
+        nodes64 = dataclasses.replace(run.instance, cluster=_as_nodes_of(run, 64))
+        assert evaluate(nodes64, run.placement, check=False).iteration_time_s == pytest.approx(
+            evaluate(run.instance, run.placement, check=False).iteration_time_s, rel=1e-9)
+        assert data.domain_of_node is not None and nodes64.cluster.domain_of_node is None
+
+
+def _as_nodes_of(run, per_node):
+    from formulation.inputs.instance import instance_from_dict
+    from solvers.validation.run_cluster import cluster_section
+    inter = 100.0 if run.gpu_type == "gb300" else 50.0  # the rows' scale-out figures (row_assumptions.csv)
+    section = cluster_section(run.gpu_type, run.placement.world_size, per_node, 900.0, inter)
+    return instance_from_dict({"name": "x", "model": {"preset": "llama3-8b"},
+                               "training": {"global_batch_size": 8, "seq_length": 8},
+                               "cluster": section}, "test").cluster
+
+
+def test_a_domain_size_that_does_not_tile_the_run_is_refused():
+    from solvers.validation.run_cluster import cluster_section
+    assert cluster_section("gb200", 256, 4, 900, 50, 64)["nvlink_domains"] == {"nodes_per_domain": 16, "prefix": "rack"}
+    assert "nvlink_domains" not in cluster_section("gb200", 256, 64, 900, 50)
+    with pytest.raises(ValueError, match="nvlink_domain_gpus"):
+        cluster_section("gb200", 256, 4, 900, 50, 72)  # 64 trays do not cut into racks of 18
+    with pytest.raises(ValueError, match="nvlink_domain_gpus"):
+        cluster_section("gb200", 256, 4, 900, 50, 66)  # not whole trays
 
 
 def test_mxfp8_and_uneven_pipeline_splits_are_recorded_assumptions(bridge):
@@ -81,6 +121,31 @@ def test_moe_model_zoo_rack_rows_run_on_gb200_and_gb300():
     bridge = [r for r in runs.values() if "Megatron-Bridge" in r.source]
     assert Counter(r.gpu_type for r in bridge) == {"gb300": 3, "gb200": 3, "b200": 2}
     assert all(r.skipped_reason is None and not r.fitted for r in bridge)
+    # every rack row on trays of 4 in NVLink domains of up to 64 GPUs (16 trays), none on nodes of 64
+    for run in runs.values():
+        if run.gpu_type in ("gb200", "gb300"):
+            cluster = run.instance.cluster
+            assert {n.num_gpus for n in cluster.nodes} == {4}
+            assert len(set(cluster.domain_of_node)) == max(1, run.placement.world_size // 64)
+
+
+def test_nemo_long_sequence_tflops_count_the_full_attention_core():
+    """NeMo's long-sequence page (rows 88-104) computed TFLOPS with `nemo/utils/flops_formulas.py` `llama2` /
+    `llama3` as of its B200 table (NVIDIA/NeMo 19fadb67b0, 2025-05-08): gbs s l h^2 (12 + 12 g/a + 18 f/h + 12 s/h
+    + 6 V/(l h)), the attention core undiscounted (the causal 0.5 came in 6251117f4c, 2025-08-09). The loader's
+    Megatron-LM count is that formula, so the times it derives are the page's; a causal reading would shorten the
+    cp rows' (32k tokens and more) times to at most 0.74 of them (docs/validation.md)."""
+    rows = {r.row: r for r in crossval.reference_runs() if 88 <= r.row <= 104}
+    assert len(rows) == 17
+    for run in rows.values():
+        m, t = run.instance.model, run.instance.training
+        b, s, l, h = t.global_batch_size, t.seq_length, m.num_layers, m.hidden_size
+        g, a, f, v = m.num_kv_heads, m.num_attention_heads, m.ffn_hidden_size, m.vocab_size
+        nemo = b * s * l * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * v / (l * h))
+        assert m.megatron_model_flops(b, s) == pytest.approx(nemo, rel=1e-5)
+        assert run.measured_how == "from TFLOP/s (Megatron-LM formula)"
+        causal = nemo - b * s * l * h * h * 6 * s / h
+        assert (causal / nemo < 0.74) == (s >= 32768)
 
 
 def _synthetic(rows, efficiency, overhead_s):

@@ -97,3 +97,21 @@ def test_outputs_that_are_directories_are_refused_before_the_work(tmp_path):
     assert code == 2 and out == "" and err.strip() == f"error: --plot: {tmp_path} is a directory; expected a file path"
     code, out, err = validate_cli("--runs", runs, "--output", tmp_path, command="calibrate")
     assert code == 2 and err.strip() == f"error: --output: {tmp_path} is a directory; expected a file path"
+
+
+def test_an_nvlink_domain_column_declares_racks_and_a_size_that_does_not_tile_is_one_line(tmp_path):
+    """`nvlink_domain_gpus` (docs/validation.md) cuts a run's nodes into NVLink domains; a size that is not whole
+    nodes or does not divide the run's nodes names the row and the column."""
+    from solvers.validation.runs import load_runs
+    header = HEADER + ["nvlink_domain_gpus"]
+    k = HEADER.index("gpus_per_node")
+    trays = [r[:k] + ["4"] + r[k + 1:] + ["8"] for r in KORTHIKANTI]  # 4-GPU nodes, two to a domain
+    runs = load_runs(write_runs(tmp_path / "racks.csv", header, trays))
+    for run in runs:
+        nodes = len(run.instance.cluster.nodes)
+        assert run.skipped_reason is None and nodes == run.placement.world_size // 4 > 1
+        assert run.instance.cluster.domain_of_node == tuple(n // 2 for n in range(nodes))
+    path = write_runs(tmp_path / "bad.csv", header, [r[:-1] + ["6"] for r in trays])
+    code, out, err = validate_cli("--runs", path)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {path}: row 0: column nvlink_domain_gpus: 6 GPUs per domain"), err

@@ -21,12 +21,12 @@ FLOP count (docs/moe.md (E8)), full or with causal attention as `flop_count` say
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from formulation.inputs.instance import instance_from_dict
 from formulation.physics.moe_cost import model_flops
 from formulation.placement import Placement
+from solvers.validation.run_cluster import cluster_section
 
 MOE_COLUMNS = ("model_preset", "ep", "etp", "dispatcher", "layers_per_stage")
 MODEL_COLUMNS = ("model_preset", "model_config")  # either names a row's model; a file with one is in this format
@@ -103,11 +103,8 @@ def instance_data(index: int, r: dict) -> dict:
     return {
         "name": f"moe-row{index}", "description": model_name(r), "model": model_section(r),
         "training": _training(r),
-        "cluster": {"gpu_types": {r["gpu_type"]: {"preset": r["gpu_type"]}},
-                    "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n",
-                               "gpu_type": r["gpu_type"], "gpus": min(per_node, n_gpus)}],
-                    "network": {"intra_node_gb_per_s": float(r["intra_node_gb_per_s"]),
-                                "inter_node_gb_per_s": float(r["inter_node_gb_per_s"])}},
+        "cluster": cluster_section(r["gpu_type"], n_gpus, per_node, float(r["intra_node_gb_per_s"]),
+                                   float(r["inter_node_gb_per_s"]), int(r.get("nvlink_domain_gpus") or 0) or None),
     }
 
 

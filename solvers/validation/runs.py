@@ -36,6 +36,7 @@ from formulation.errors import InputError, file_problem
 from formulation.inputs.instance import Instance, instance_from_dict
 from formulation.placement import Placement, even_split
 from solvers.validation.moe_runs import MODEL_COLUMNS, MOE_ROW_OFFSET, moe_run_from_row
+from solvers.validation.run_cluster import cluster_section
 
 DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
 DEFAULT_MEMORY = REFERENCE_DIR / "published_memory.csv"
@@ -210,7 +211,7 @@ def _split_problem(p: Placement, gbs: int, replicas: int) -> str | None:
 
 def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: int, old: bool) -> dict:
     """The instance a row describes: its model, its job as the source ran it, and a uniform cluster of its GPU
-    type with the row's link figures. Old Megatron-LM (2020-21) ran without flash attention and sequence
+    type with the row's link figures (and NVLink domains where the row names them: run_cluster.py). Old Megatron-LM (2020-21) ran without flash attention and sequence
     parallelism (unless the row says so) and with GPT-style dropout."""
     name, gpu_type = r["model"].strip(), r["gpu_type"].strip()
     n_gpus, mbs = _int(r, "n_gpus"), _int(r, "mbs", 1)
@@ -242,11 +243,9 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      # llm-foundry's MPT class defaults to flash-attn's fused cross entropy (loss_fn:
                      # fused_crossentropy, llmfoundry/models/mpt/modeling_mpt.py); Megatron's is fused too
                      "fused_cross_entropy": "FSDP" not in r["notes"] or "llm-foundry" in r["source"]},
-        "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
-                    "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n", "gpu_type": gpu_type,
-                               "gpus": min(per_node, n_gpus)}],
-                    "network": {"intra_node_gb_per_s": _float(r, "intra_node_gb_per_s"),
-                                "inter_node_gb_per_s": _float(r, "inter_node_gb_per_s")}},
+        # an optional `nvlink_domain_gpus` column: the nodes (trays) form NVLink domains of that many GPUs
+        "cluster": cluster_section(gpu_type, n_gpus, per_node, _float(r, "intra_node_gb_per_s"),
+                                   _float(r, "inter_node_gb_per_s"), _int(r, "nvlink_domain_gpus")),
     }
 
 
