@@ -10,11 +10,9 @@ Defaults for blank cells (documented in docs/validation.md):
   recompute_num_layers r: the first r layers of each model chunk). zero blank: 1 (Megatron distributed optimizer) for
   Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
-  README and Korthikanti's baselines without sequence parallelism. Optional `flash_attention` and `dropout` columns
-  (true / false; blank: as said here and below) say it where a row's source says otherwise.
-- Pipeline schedule: an optional `schedule` column, the schedule family (formulation/physics/schedules.py):
-  `1f1b` (blank; interleaved with vp > 1) or `zero_bubble` (ZB-H1 with vp 1, InterleavedZeroBubble with vp > 1),
-  scored whatever the stack (a run measured what its fork ran: docs/schedules.md, "Against published runs").
+  README and Korthikanti's baselines without sequence parallelism; optional `flash_attention` and `dropout` columns
+  (true / false) where a source says otherwise. An optional `schedule` column: the schedule family, `1f1b` (blank)
+  or `zero_bubble`, scored whatever the stack (docs/schedules.md, "Against published runs").
 - TP communication overlap: on where the notes say `--tp-comm-overlap` or a `tp_comm_overlap` column says true.
 - Software stack: an optional `software_stack` column; blank: `llm-foundry` for llm-foundry's rows (Composer on
   PyTorch FSDP1, Composer's default BACKWARD_POST prefetch), `torchtitan` where the notes say FSDP, else
@@ -180,8 +178,7 @@ def run_from_row(index: int, r: dict) -> Run:
                   "measured_how": how})
 
 
-def _flag(r: dict, key: str, default: bool) -> bool:
-    """An optional true / false cell; blank: `default`."""
+def _flag(r: dict, key: str, default: bool) -> bool:  # an optional true / false cell
     text = (r.get(key) or "").strip().lower()
     if not text:
         return default
@@ -190,8 +187,7 @@ def _flag(r: dict, key: str, default: bool) -> bool:
     return text == "true"
 
 
-def _schedule(r: dict) -> str:
-    """The optional `schedule` cell: a schedule family (blank: 1f1b)."""
+def _schedule(r: dict) -> str:  # the optional `schedule` cell: a schedule family (blank: 1f1b)
     text = (r.get("schedule") or "").strip().lower() or "1f1b"
     if text not in FAMILIES:
         raise ValueError(f"column schedule: expected one of {', '.join(FAMILIES)}, got {text!r}")
