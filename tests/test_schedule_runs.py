@@ -104,9 +104,11 @@ def test_the_model_zoos_overlap_pair_is_measured_against_its_prediction():
 
 def test_validate_as_1f1b_prints_the_before_and_refuses_to_write_intervals():
     after = json.loads(run_solve("validate", "--runs", "published_runs_zero_bubble.csv", "--json").stdout)
-    before = json.loads(run_solve("validate", "--runs", "published_runs_zero_bubble.csv", "--json",
+    before = json.loads(run_solve("validate", "--runs", "published_runs_zero_bubble.csv", "--json", "--rows",
                                   "--as-1f1b").stdout)
     assert "--as-1f1b" in before["mode"] and "--as-1f1b" not in after["mode"]
+    rows = before["rows"]["rows"]  # the per-row table scores the rows as the summary does: ZB-1p as its 1F1B twin
+    assert [r["predicted_iter_s"] for r in rows[1::2]] == [r["predicted_iter_s"] for r in rows[0::2]]
     assert len(after["summary"]["paired_speedups"]["pairs"]) == 30
     assert before["summary"]["paired_speedups"]["pairs"] == []
     out = run_solve("validate", "--as-1f1b", "--write-intervals")

@@ -44,9 +44,11 @@ from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, l
 GB = 1e9
 
 
-def validate_runs(path: Path) -> dict:
+def validate_runs(path: Path, as_1f1b: bool = False) -> dict:
+    """Per row of a runs file: predicted against measured, the row % 3 split (`as_1f1b`: the schedule terms off)."""
     rows, groups = [], {}
-    for run in load_runs(path):
+    runs = load_runs(path)
+    for run in schedule_pairs.as_1f1b(runs) if as_1f1b else runs:
         item = {"row": run.row, "model": run.name, "gpu_type": run.gpu_type, "predicted_iter_s": None,
                 "measured_iter_s": run.measured_iter_s, "measured_how": run.measured_how, "relative_error": None,
                 "predicted_peak_memory_gb": None, "predicted_oom": None, "measured_oom": run.measured_oom,
@@ -269,7 +271,7 @@ def _validate(args) -> int:
         path = write_intervals(by_holdout, summary, mode, runs)
         print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
-    rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
+    rows = validate_runs(args.runs or DEFAULT_RUNS, args.as_1f1b) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
     # measured peaks (published_memory_peaks.csv): nothing of the memory model is fitted on them, so each source's
     # figure is held out; and the runs that ran but are put over their GPU's memory (must be none)
