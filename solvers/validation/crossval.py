@@ -39,7 +39,7 @@ FAMILIES = (("Megatron-Bridge", "Megatron-Bridge performance summary"), ("SC21",
             ("performance_long_sequence", "NeMo long-sequence performance"),
             ("dgxc-benchmarking", "NVIDIA DGX Cloud benchmarking"), ("llm-foundry", "MosaicML llm-foundry"),
             ("trainy-whitefiber", "Trainy H200 (torchtitan)"), ("torchtitan", "torchtitan benchmarks"),
-            ("fms-fsdp", "IBM fms-fsdp"),
+            ("fms-fsdp", "IBM fms-fsdp"), ("Zero Bubble Pipeline Parallelism", "Qi et al. 2024 (zero bubble)"),
             ("Megatron-MoE-ModelZoo", "Megatron MoE Model Zoo"),
             ("megatron/core/transformer/moe/README", "Megatron-LM MoE README"))
 TORCHTITAN_ROW_OFFSET = 1000  # the torchtitan file's rows are numbered after the main file's
@@ -244,7 +244,7 @@ def prediction_rows(predictions: list[Prediction], bands: dict | None = None) ->
             continue
         pl = p.run.placement
         out.append({"row": p.run.row, "family": p.family, "model": p.run.name, "gpu_type": p.run.gpu_type,
-                    "config": f"{pl.sizes()} vpp={pl.vpp} mbs={pl.micro_batch_size} {pl.recompute}",
+                    "config": f"{pl.sizes()} vpp={pl.vpp} mbs={pl.micro_batch_size} {pl.recompute}{pl.schedule_text}",
                     "precision": p.run.instance.training.precision, "measured_s": p.run.measured_iter_s,
                     "measured_how": p.run.measured_how, "predicted_s": p.iteration_time_s, "error": p.error,
                     "peak_memory_gib": p.peak_memory_gib, "capacity_gib": p.capacity_gib,

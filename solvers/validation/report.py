@@ -23,11 +23,14 @@ def _table_of(title: str, columns: list[str]) -> Table:
     return folding_table(title, columns, left=("source", "group", "model", "term"))
 
 
-def mode_label(runs_given: bool, in_sample: bool, calibration=None, calibration_path=None) -> str:
+def mode_label(runs_given: bool, in_sample: bool, calibration=None, calibration_path=None,
+               as_1f1b: bool = False) -> str:
     """How `solve validate` predicted, as its table's title and its JSON's `mode` say it: the stored calibration
-    or leave-one-source-out folds, and a user calibration applied on top of either (named, with its knobs)."""
+    or leave-one-source-out folds, and a user calibration applied on top of either (named, with its knobs);
+    `as_1f1b`: every run scored with the schedule terms off."""
     base = ("stored calibration, fitted on the reference runs" if runs_given else
             "stored calibration (in-sample)" if in_sample else "leave-one-source-out")
+    base += "; every run scored as 1F1B without the all-to-all overlap (--as-1f1b)" if as_1f1b else ""
     if calibration is None:
         return base
     return f"{base}, then your calibration {calibration_path or ''} ({calibration_text(calibration)})".replace("  ", " ")
@@ -150,6 +153,19 @@ def print_predicted_rows(predictions: list, console: Console) -> None:
         table.add_row(str(r["row"]), r["model"], r["gpu_type"], f"{r['config']} {r['precision']}",
                       f"{r['measured_s']:.2f}", f"{r['predicted_s']:.2f}", _pct(r["error"], True),
                       f"{r['peak_memory_gib']:.0f} / {r['capacity_gib']:.0f}", "; ".join(r["flags"]) or "-")
+    console.print(table)
+
+
+def print_speedups(pairs: list[dict], console: Console) -> None:
+    """Runs of one source that differ only by a schedule term: measured against predicted speed-up (none: no
+    table)."""
+    if not pairs:
+        return
+    table = _table_of("paired speed-ups: the same configuration without / with a schedule term (baseline time / "
+                      "time)", ["source", "model", "term", "rows", "measured", "predicted", "error"])
+    for r in pairs:
+        table.add_row(r["family"], r["model"], r["variant"], f"{r['baseline_row']} / {r['row']}",
+                      f"{r['measured_speedup']:.3f}", f"{r['predicted_speedup']:.3f}", _pct(r["error"], True))
     console.print(table)
 
 

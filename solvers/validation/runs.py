@@ -10,7 +10,9 @@ Defaults for blank cells (documented in docs/validation.md):
   recompute_num_layers r: the first r layers of each model chunk). zero blank: 1 (Megatron distributed optimizer) for
   Megatron-Core/NeMo-era sources, 0 for SC21/2020/2022 Megatron sources.
 - Sequence parallelism and flash attention: on for sources from 2023 on; off for SC21, the Sept 2020
-  README and Korthikanti's baselines without sequence parallelism.
+  README and Korthikanti's baselines without sequence parallelism; optional `flash_attention` and `dropout` columns
+  (true / false) where a source says otherwise. An optional `schedule` column: the schedule family, `1f1b` (blank)
+  or `zero_bubble`, scored whatever the stack (docs/schedules.md, "Against published runs").
 - TP communication overlap: on where the notes say `--tp-comm-overlap` or a `tp_comm_overlap` column says true.
 - Software stack: an optional `software_stack` column; blank: `llm-foundry` for llm-foundry's rows (Composer on
   PyTorch FSDP1, Composer's default BACKWARD_POST prefetch), `torchtitan` where the notes say FSDP, else
@@ -34,12 +36,15 @@ from pathlib import Path
 from formulation.data import REFERENCE_DIR
 from formulation.errors import InputError, file_problem
 from formulation.inputs.instance import Instance, instance_from_dict
+from formulation.physics.schedules import FAMILIES
 from formulation.placement import Placement, even_split
 from solvers.validation.moe_runs import MODEL_COLUMNS, MOE_ROW_OFFSET, moe_run_from_row
 from solvers.validation.run_cluster import cluster_section
 
 DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
 DEFAULT_MEMORY = REFERENCE_DIR / "published_memory.csv"
+# The packaged dense file whose rows are predicted, never fitted: the published schedule comparisons (docs/schedules.md)
+PREDICTED_ONLY = "published_runs_zero_bubble.csv"
 # Our per-row assumptions on the packaged reference files, kept apart from the published rows (which stay
 # byte-identical to their sources): file, row, field, published value, assumed value, reason.
 ROW_ASSUMPTIONS = REFERENCE_DIR / "row_assumptions.csv"
@@ -155,9 +160,13 @@ def run_from_row(index: int, r: dict) -> Run:
     if isinstance(split, str):
         return skip(split)
     replicas = max(1, _int(r, "dp_replicate", 1))  # an optional column: HSDP, distributed-optimizer instances
+    schedule = _schedule(r)
+    if schedule != "1f1b" and pp < 2:
+        return skip(f"schedule {schedule} needs pp >= 2")
     placement = Placement(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch_size=mbs, recompute=recompute,
                           zero_stage=zero, layers_per_stage=split, gpus=tuple(range(n_gpus)),
-                          recompute_num_layers=block, dp_replicate=replicas if dp % replicas == 0 else 1)
+                          recompute_num_layers=block, dp_replicate=replicas if dp % replicas == 0 else 1,
+                          schedule=schedule)
     if block and (instance.training.software_stack == "megatron-deepspeed" or instance.model.moe is not None):
         return skip("block recompute is modelled for dense models on the megatron and PyTorch stacks")
     problem = _split_problem(placement, gbs, replicas)
@@ -168,6 +177,22 @@ def run_from_row(index: int, r: dict) -> Run:
         return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
     return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
                   "measured_how": how})
+
+
+def _flag(r: dict, key: str, default: bool) -> bool:  # an optional true / false cell
+    text = (r.get(key) or "").strip().lower()
+    if not text:
+        return default
+    if text not in ("true", "false"):
+        raise ValueError(f"column {key}: expected true or false, got {text!r}")
+    return text == "true"
+
+
+def _schedule(r: dict) -> str:  # the optional `schedule` cell: a schedule family (blank: 1f1b)
+    text = (r.get("schedule") or "").strip().lower() or "1f1b"
+    if text not in FAMILIES:
+        raise ValueError(f"column schedule: expected one of {', '.join(FAMILIES)}, got {text!r}")
+    return text
 
 
 def _recompute(r: dict) -> tuple[str, int]:
@@ -219,7 +244,8 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
     gelu = ffn == 4 * hidden
     model = {"name": name, "num_hidden_layers": _int(r, "layers"), "hidden_size": hidden, "intermediate_size": ffn,
              "num_attention_heads": heads, "num_key_value_heads": _int(r, "kv_heads", heads),
-             "vocab_size": _int(r, "vocab"), "hidden_act": "gelu" if gelu else "silu", "dropout": gelu and old}
+             "vocab_size": _int(r, "vocab"), "hidden_act": "gelu" if gelu else "silu",
+             "dropout": _flag(r, "dropout", gelu and old)}
     per_node = _int(r, "gpus_per_node", 8)
     if per_node < 1:
         raise ValueError(f"column gpus_per_node: expected a positive whole number, got {per_node}")
@@ -229,7 +255,7 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
         "training": {"global_batch_size": _int(r, "gbs"), "seq_length": _int(r, "seq"), "precision": precision,
                      "recompute": [recompute], "zero_stage": [zero], "max_micro_batch_size": mbs,
                      "context_parallel_sizes": [_int(r, "cp", 1)], "virtual_pipeline_sizes": [_int(r, "vp", 1)],
-                     "flash_attention": not old,
+                     "flash_attention": _flag(r, "flash_attention", not old),
                      "sequence_parallel": not old or "sequence-parallel" in (r["recompute"] or ""),
                      # an optional `tp_comm_overlap` column (true / false) says it where the notes do not
                      "tp_comm_overlap": ((r.get("tp_comm_overlap") or "").strip().lower() == "true"
@@ -308,6 +334,8 @@ def load_runs(path: str | Path = DEFAULT_RUNS) -> list[Run]:
         except (ValueError, KeyError, ArithmeticError) as exc:  # a cell the row's conversion could not read
             problem = f"column {exc.args[0]} is missing" if isinstance(exc, KeyError) else str(exc)
             raise InputError(str(path), f"row {i}", problem) from None
+    for run in runs if path.resolve() == (REFERENCE_DIR / PREDICTED_ONLY).resolve() else ():
+        run.fitted = False
     if path.resolve() == DEFAULT_RUNS.resolve():
         for run in runs:
             if run.row in EXCLUDED and run.skipped_reason is None:

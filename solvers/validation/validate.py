@@ -1,7 +1,7 @@
 """`solve validate` (predicted vs measured runs and memory) and `solve calibrate` (fit efficiencies).
 
     solve validate [--runs FILE.csv] [--in-sample] [--few-shot] [--calibration CAL.json] [--rows] [--json]
-                   [--write-intervals] [--memory-only]
+                   [--write-intervals] [--memory-only] [--as-1f1b]
     solve calibrate --runs MINE.csv --output CAL.json    (three knobs fitted on your own runs)
     solve calibrate [--write]                             (the packaged per-chip efficiencies)
 
@@ -32,21 +32,23 @@ from formulation.intervals import INTERVALS_PATH
 from formulation.physics.cost import PHYSICS_TERMS
 from solvers.outputs.arguments import OneLineParser
 from solvers.outputs.files import save_figure_atomic, write_json_atomic
-from solvers.validation import crossval, evidence, fewshot
+from solvers.validation import crossval, evidence, fewshot, schedule_pairs
 from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
 from solvers.validation.memory_runs import over_capacity_runs, validate_memory_peaks
 from solvers.validation.report import (mode_label, print_ablation, print_few_shot, print_memory_peaks,
-                                       print_predicted_rows, print_rows, print_summary)
+                                       print_predicted_rows, print_rows, print_speedups, print_summary)
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
 
 
-def validate_runs(path: Path) -> dict:
+def validate_runs(path: Path, as_1f1b: bool = False) -> dict:
+    """Per row of a runs file: predicted against measured, the row % 3 split (`as_1f1b`: the schedule terms off)."""
     rows, groups = [], {}
-    for run in load_runs(path):
+    runs = load_runs(path)
+    for run in schedule_pairs.as_1f1b(runs) if as_1f1b else runs:
         item = {"row": run.row, "model": run.name, "gpu_type": run.gpu_type, "predicted_iter_s": None,
                 "measured_iter_s": run.measured_iter_s, "measured_how": run.measured_how, "relative_error": None,
                 "predicted_peak_memory_gb": None, "predicted_oom": None, "measured_oom": run.measured_oom,
@@ -190,6 +192,8 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--write-intervals", action="store_true", help="store the bands of every level of "
                             "evidence (held out by source, cluster and stack) and what each stack was measured on, "
                             "as the prediction interval every estimate carries (package data; reference runs only)")
+        parser.add_argument("--as-1f1b", action="store_true", help="score every run as 1F1B without the MoE "
+                            "all-to-all overlap: the schedule terms off (the figures before them, docs/schedules.md)")
         parser.add_argument("--memory", type=Path, default=DEFAULT_MEMORY, help="memory components CSV")
         parser.add_argument("--memory-only", action="store_true", help="only the measured peak memory per source "
                             "and counter (published_memory_peaks.csv; seconds, no cross-validation of times)")
@@ -245,7 +249,7 @@ def _validate(args) -> int:
         else:
             print_memory_peaks(peaks, console)
         return 0
-    runs = crossval.reference_runs() if args.runs is None else users_runs(args.runs)
+    runs = _runs_of(args)
     adjust, cal = None, None
     if args.calibration:
         cal = load_user_calibration(args.calibration)
@@ -255,7 +259,7 @@ def _validate(args) -> int:
     if in_sample and args.write_intervals:
         raise InputError(None, "--write-intervals", "the intervals are derived from the reference runs held out "
                                                     "(no --runs, no --in-sample)")
-    mode = mode_label(args.runs is not None, args.in_sample, cal, args.calibration)
+    mode = mode_label(args.runs is not None, args.in_sample, cal, args.calibration, args.as_1f1b)
     progress = None if args.json else (lambda k, n, fold: print(f"  fold {k}/{n}: {fold}", file=sys.stderr))
     # the reference held out by source, by cluster and by stack: each level of evidence's band and its coverage
     by_holdout = None if in_sample else evidence.holdouts(runs, progress, adjust)
@@ -267,7 +271,7 @@ def _validate(args) -> int:
         path = write_intervals(by_holdout, summary, mode, runs)
         print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
     ablated = crossval.ablation(runs, PHYSICS_TERMS, progress) if args.ablation else []
-    rows = validate_runs(args.runs or DEFAULT_RUNS) if args.rows else None
+    rows = validate_runs(args.runs or DEFAULT_RUNS, args.as_1f1b) if args.rows else None
     memory = validate_memory(args.memory) if args.rows and args.memory and args.memory.is_file() else []
     # measured peaks (published_memory_peaks.csv): nothing of the memory model is fitted on them, so each source's
     # figure is held out; and the runs that ran but are put over their GPU's memory (must be none)
@@ -286,6 +290,7 @@ def _validate(args) -> int:
         print_memory_peaks(peaks, console)
     if any(not p.run.fitted for p in predictions):
         print_predicted_rows(predictions, console)
+    print_speedups(summary["paired_speedups"]["pairs"], console)
     if few:
         print_few_shot(few, console)
     if ablated:
@@ -293,10 +298,22 @@ def _validate(args) -> int:
     return 0
 
 
+def _runs_of(args) -> list:
+    """The runs `solve validate` scores: the reference or --runs, with --as-1f1b the schedule terms off."""
+    runs = crossval.reference_runs() if args.runs is None else users_runs(args.runs)
+    if not args.as_1f1b:
+        return runs
+    if args.write_intervals:
+        raise InputError(None, "--write-intervals", "the intervals are the model's own: not with --as-1f1b")
+    return schedule_pairs.as_1f1b(runs)
+
+
 def _held_out_summary(predictions, by_holdout) -> tuple[dict, list]:
-    """The accuracy summary with regret and interval coverage (per evidence level where held out), and the band
-    of every prediction."""
+    """The accuracy summary with regret, interval coverage (per evidence level where held out) and the paired
+    speed-ups of the schedule terms, and the band of every prediction."""
     summary = crossval.summarize(predictions)
+    pairs = schedule_pairs.paired_speedups(predictions)
+    summary["paired_speedups"] = {"by_source": schedule_pairs.speedup_summary(pairs), "pairs": pairs}
     bands = evidence.prediction_bands(predictions, held_out=by_holdout is not None)
     summary["regret"] = evidence.regret(predictions)
     summary["coverage_by_level"] = (evidence.level_coverage(by_holdout) if by_holdout else
