@@ -241,7 +241,10 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      "compiled_loss": compiled and (r.get("compiled_loss") or "").strip().lower() != "false",
                      # llm-foundry's MPT class defaults to flash-attn's fused cross entropy (loss_fn:
                      # fused_crossentropy, llmfoundry/models/mpt/modeling_mpt.py); Megatron's is fused too
-                     "fused_cross_entropy": "FSDP" not in r["notes"] or "llm-foundry" in r["source"]},
+                     "fused_cross_entropy": "FSDP" not in r["notes"] or "llm-foundry" in r["source"],
+                     # an optional `grad_reduce_dtype` column (bf16 / fp32; blank: the gradient state's dtype)
+                     **({"grad_reduce_dtype": r["grad_reduce_dtype"].strip()} if (r.get("grad_reduce_dtype") or
+                                                                                  "").strip() else {})},
         "cluster": {"gpu_types": {gpu_type: {"preset": gpu_type}},
                     "nodes": [{"count": max(1, math.ceil(n_gpus / per_node)), "prefix": "n", "gpu_type": gpu_type,
                                "gpus": min(per_node, n_gpus)}],
