@@ -209,7 +209,7 @@ def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float
                           dp_links, gpus, edp_links,
                           dense_layer=layer_time(kk.dense, job.tp_comm_overlap, tp, cp, 0.0, 0.0))
     k = stage_constants(instance, p, i, gpu_type)
-    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
     ag = rs = 0.0
     if p.zero_stage >= 3 and dp_links:
         ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)

@@ -121,3 +121,34 @@ def test_leave_one_source_out_meets_the_fidelity_criteria():
     for group in coverage["by_precision"].values():
         assert group["faster_than_p10"] <= 0.2 and group["slower_than_p90"] <= 0.2, coverage
     assert coverage["pooled"]["fp8"]["slower_than_p90"] > 0.2, coverage
+
+
+def test_megatron_fsdp_rows_are_read_as_the_megatron_stack(tmp_path):
+    """A runs file without a software_stack column: notes saying FSDP mean PyTorch's FSDP stacks (torchtitan's
+    efficiencies, eager unless torch.compile), except Megatron-LM's own (Megatron-FSDP, --use-megatron-fsdp) and
+    Megatron / NeMo sources. Llama-3 8B on 8 H100 at zero 3: read as torchtitan eager it would be predicted 1.44
+    times the megatron stack's time, the size of the gap Megatron-FSDP's runs showed."""
+    with open(REFERENCE_DIR / "published_runs_fms_fsdp.csv", newline="") as handle:
+        reader = csv.DictReader(handle)
+        header = [c for c in reader.fieldnames if c not in ("software_stack", "dp_replicate", "grad_reduce_dtype")]
+        template = {c: v for c, v in next(reader).items() if c in header}
+    template.update(source="a team's Megatron-LM runs", model="Llama-3-8B", params_b="8.03", layers="32",
+                    hidden="4096", heads="32", kv_heads="8", ffn="14336", vocab="128256", seq="8192",
+                    gpu="H100 80GB (8 GPUs)", gpu_type="h100-sxm-80gb", n_gpus="8", dp="8", mbs="1", gbs="128",
+                    recompute="", zero="3", tokens_per_s_per_gpu="8000", mfu="", intra_node_gb_per_s="450",
+                    inter_node_gb_per_s="50")
+    notes = {"megatron": "Megatron-FSDP (--use-megatron-fsdp, optim_grads_params)", "pytorch": "PyTorch FSDP2"}
+    mine = tmp_path / "mine.csv"
+    with open(mine, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header)
+        writer.writeheader()
+        for text in notes.values():
+            writer.writerow({**template, "notes": text, "source": "a team's runs"})
+        writer.writerow({**template, "notes": "FSDP off", "source": "NVIDIA-NeMo/Megatron-Bridge performance"})
+    megatron, pytorch, bridge = load_runs(mine)
+    assert megatron.instance.training.software_stack == bridge.instance.training.software_stack == "megatron"
+    assert megatron.instance.training.fused_cross_entropy and bridge.instance.training.fused_cross_entropy
+    assert pytorch.instance.training.software_stack == "torchtitan" and not pytorch.instance.training.torch_compile
+    ratio = (evaluate(pytorch.instance, pytorch.placement, check=False).iteration_time_s
+             / evaluate(megatron.instance, megatron.placement, check=False).iteration_time_s)
+    assert 1.3 < ratio < 1.6

@@ -34,13 +34,15 @@ def test_ibm_fms_fsdp_runs_are_one_family_scored_as_published():
     """IBM's fms-fsdp tables (formulation/data/reference/README.md): sixteen FSDP runs of one family, numbered from
     1300 (1312-1315 the 7B runs, HSDP with a shard group of 8), every one scored with its recompute share (`block:r`
     = p x layers) and its published tokens/s per GPU: 13B eager at 1800 tokens/s on 128 A100 is 2 x 4096 / 1800 =
-    4.55 s per step, one micro-batch of 2 per GPU."""
+    4.55 s per step, one micro-batch of 2 per GPU; gradients reduced in bf16."""
     runs = {r.row: r for r in crossval.reference_runs() if crossval.source_family(r.source) == "IBM fms-fsdp"}
     assert sorted(runs) == list(range(1300, 1316))
     assert {r: runs[r].placement.dp_replicate for r in range(1312, 1316)} == {
         r: runs[r].placement.dp // 8 for r in range(1312, 1316)}
     assert all(r in crossval.scored(list(runs.values())) for r in runs.values())
     assert all(r.instance.training.software_stack == "torchtitan" and r.placement.zero_stage == 3 for r in runs.values())
+    # fms-fsdp's bfSixteen MixedPrecision reduces gradients in bf16: 2 bytes per parameter on the wire, not 4
+    assert {r.instance.training.grad_reduce_bytes for r in runs.values()} == {2.0}
     assert runs[1300].measured_iter_s == pytest.approx(2 * 4096 / 1800)
     assert runs[1300].placement.recomputed_layers(40) == 20 and runs[1301].placement.recomputed_layers(48) == 48
     assert [runs[r].instance.training.torch_compile for r in (1305, 1306)] == [False, True]

@@ -1,6 +1,6 @@
 """The torchtitan files read by torchtitan itself: torchtitan_args.sh by 0.3.0's ConfigManager (its tyro command
 line), torchtitan-0.2.toml by 0.2.2's (`--job.config_file`), each accepted by that release's ParallelDims at the
-plan's world size, for the solved plans of h100_128 and a100_h100_64."""
+plan's world size, for the solved plans of h100_128, a100_h100_64 and h100_128 with HSDP (dp_replicate > 1)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from formulation import default_placement, evaluate, load_instance
+from formulation import default_placement, evaluate, instance_from_dict, load_instance
 from formulation.inputs.model import PRESET_DIR, load_model_section, preset_names
 from frameworks import hf_parameter_count, require, torchtitan_flavour_facts
 from solvers import solve
@@ -30,12 +30,26 @@ def a100_h100():
     return instance, solve(instance)
 
 
-@pytest.fixture(scope="module", params=["h100_128", "a100_h100_64"])
+@pytest.fixture(scope="module")
+def h100_hsdp():
+    """h100_128 planned for torchtitan with HSDP: `training.dp_replicate_sizes` [2, 4, 8, 16] leaves out one shard
+    group over all of dp (recompute full only, Megatron-style default placements: a plan in seconds)."""
+    data = json.loads((REPO / "instances" / "h100_128.json").read_text())
+    data["training"].update(dp_replicate_sizes=[2, 4, 8, 16], recompute=["full"])
+    instance = instance_from_dict(data, "h100_128_hsdp.json", REPO / "instances", framework="torchtitan")
+    return instance, solve(instance, method="baseline")
+
+
+@pytest.fixture(scope="module", params=["h100_128", "a100_h100_64", "h100_128_hsdp"])
 def exported(request, h100, tmp_path_factory):
     if importlib.util.find_spec("torchtitan") is None and not (TORCHTITAN_02 / "torchtitan").is_dir():
         require("torchtitan")  # skips (fails under LLM_PLANNER_REQUIRE_FRAMEWORKS=1) before solves no test reads
-    instance, solved = ((h100, request.getfixturevalue("plan")) if request.param == "h100_128"
-                        else request.getfixturevalue("a100_h100"))
+    instance, solved = {"h100_128": lambda: (h100, request.getfixturevalue("plan")),
+                        "a100_h100_64": lambda: request.getfixturevalue("a100_h100"),
+                        "h100_128_hsdp": lambda: request.getfixturevalue("h100_hsdp")}[request.param]()
+    if request.param == "h100_128_hsdp":  # HSDP as planned: replicas of shard groups, both over one rank
+        assert solved.placement.dp_replicate > 1 and solved.placement.shard_size > 1
+        assert torchtitan_run(instance, solved, "0.3").placement == solved.placement  # exported as planned
     out = tmp_path_factory.mktemp(request.param)
     export_plan(instance, solved, out)
     return instance, solved, out
@@ -101,8 +115,8 @@ def test_torchtitan_02_reads_the_toml_and_accepts_the_degrees(exported):
     assert read["file"].startswith(str(TORCHTITAN_02))  # 0.2.2 answered, not the 0.3.0 of site-packages
     assert read["dims"] == [run.replicate_degree, run.shard_degree, p.cp, p.tp, p.pp]
     assert read["ac"] == p.recompute
-    # 0.2.x runs replicate only without tp and pp ('DDP has not supported > 1D parallelism')
-    assert run.replicate_degree == 1 or (p.tp == 1 and p.pp == 1)
+    # 0.2.x runs replicate only (DDP, no shard degree) without tp and pp ('DDP has not supported > 1D parallelism')
+    assert run.replicate_degree == 1 or run.shard_degree > 1 or (p.tp == 1 and p.pp == 1)
     if p.pp > 1:
         assert len(read["parts"]) == p.pp * p.vpp
 

@@ -102,7 +102,19 @@ def test_search_with_free_shard_degree_equals_brute_force(seed, backend):
 def test_every_sharded_program_equals_the_evaluator(seed, backend):
     """Each configuration's program that has a partition fitting in memory (dp_replicate > 1 and zero 2 among
     them) against evaluate() of its decoded placement, and the cheap bound below it."""
-    instance = instance_from_dict(sharded_instance(seed))
+    _programs_equal_the_evaluator(instance_from_dict(sharded_instance(seed)), backend, seed)
+
+
+@pytest.mark.slow
+def test_programs_with_gradients_reduced_in_bf16_equal_the_evaluator():
+    """The same with `grad_reduce_dtype: bf16` (every gradient message 2 bytes a parameter), on a seed with
+    memory to spare: every zero stage, replicas among them."""
+    data = sharded_instance(1)
+    data["training"]["grad_reduce_dtype"] = "bf16"
+    _programs_equal_the_evaluator(instance_from_dict(data), "cpsat", 1)
+
+
+def _programs_equal_the_evaluator(instance, backend: str, seed: int) -> None:
     solver, gpu_type = backends.get(backend), next(iter(instance.cluster.gpu_types.values()))
     checked = set()
     for config in configurations(instance):

@@ -40,6 +40,8 @@ MOE_DISPATCHERS = ("alltoall", "allgather", "deepep")
 # Busiest expert's tokens over the even share, for a dropless router (docs/moe.md): Switch Transformer (Fedus et
 # al. 2022, section 2.2) trains with capacity factor 1.25, the headroom over an even split given to each expert.
 MOE_LOAD_IMBALANCE = 1.25
+# gradient reduce dtypes (`grad_reduce_dtype`) and their bytes per element
+REDUCE_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class TrainingJob:
     # layer's gradients (FSDP1's BACKWARD_PRE default; FSDP2 and Megatron prefetch so too), "post" after them,
     # beside the current reduce-scatter (BACKWARD_POST, Composer's default: llm-foundry's), so the backward waits
     fsdp_backward_prefetch: str = "pre"
+    # the dtype gradients are reduced in (docs/model.md (C11)-(C12)): "" the gradient state's (fp32 main grads with
+    # bf16: Megatron-LM's default, torchtitan's mixed_precision_reduce "float32"), "bf16" (FSDP MixedPrecision with
+    # reduce_dtype bf16, fms-fsdp's bfSixteen policy; Megatron-LM's --grad-reduce-in-bf16) or "fp32"
+    grad_reduce_dtype: str = ""
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES  # allowed choices
     # what `selective` recomputes on the megatron stack (formulation/physics/recompute_modules.py)
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
@@ -100,6 +106,12 @@ class TrainingJob:
     # dp; HSDP, Megatron's distributed-optimizer instances) and reshard_after_forward choices under zero_stage 3
     dp_replicate_sizes: tuple[int, ...] = (1,)
     reshard_after_forward: tuple[bool, ...] = (True,)
+
+    @property
+    def grad_reduce_bytes(self) -> float:
+        """Bytes per parameter of a gradient reduction (reduce-scatter, all-reduce): the reduce dtype's, by default
+        the gradient state's (bytes_per_param_state[1]). Memory keeps the gradient state's bytes."""
+        return REDUCE_DTYPE_BYTES.get(self.grad_reduce_dtype) or self.bytes_per_param_state[1]
 
     def sequence_parallel_size(self, tp: int) -> int:
         """How many ways the norm/residual activations and the pipeline messages are split: tp with sequence
@@ -219,6 +231,7 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         fp8_recipe=_fp8_recipe(sec),
         fsdp_backward_prefetch=sec.string("fsdp_backward_prefetch", default="post" if foundry else "pre",
                                           choices=("pre", "post")),
+        grad_reduce_dtype=sec.string("grad_reduce_dtype", default="", choices=tuple(REDUCE_DTYPE_BYTES)),
         fused_cross_entropy=sec.boolean("fused_cross_entropy", default=stack != "torchtitan"),
         recompute=_choices(sec, "recompute", RECOMPUTE_CHOICES, ("none", "full") if foundry else RECOMPUTE_CHOICES,
                            str),

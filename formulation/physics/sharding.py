@@ -63,7 +63,7 @@ def replica_messages(instance, p, stage_params: float) -> dict:
     all-reduce per layer, `layer_replica_bytes`)."""
     if p.dp_replicate == 1 or p.zero_stage != 1:
         return {}
-    g_bytes = instance.training.bytes_per_param_state[1]
+    g_bytes = instance.training.grad_reduce_bytes
     return {"reduce_scatter": stage_params * g_bytes / p.shard_size}
 
 
@@ -72,7 +72,7 @@ def layer_replica_bytes(instance, p, layer_params: float) -> float:
     reduce-scatter, in every micro-batch's backward (bytes; 0 without replicas)."""
     if p.dp_replicate == 1 or p.zero_stage < 2:
         return 0.0
-    return layer_params * instance.training.bytes_per_param_state[1] / p.shard_size
+    return layer_params * instance.training.grad_reduce_bytes / p.shard_size
 
 
 def check_sharding(model, p, bad) -> None:

@@ -225,7 +225,7 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
     job = instance.training
     if p.dp * p.cp == 1 or p.zero_stage >= 3:
         return []
-    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
     params = k.stage_params(layers)
     if p.zero_stage == 0:
         return [("all_reduce", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers))]
@@ -262,7 +262,7 @@ def expert_dp_messages(instance, p, k: StageConstants, layers: int) -> dict:
     the collectives of (C11) (zero 0 all-reduce, zero 1 reduce-scatter + all-gather)."""
     if k.expert_params_per_layer == 0 or p.expert_dp == 1:
         return {}
-    w_bytes, g_bytes, _ = instance.training.bytes_per_param_state
+    w_bytes, g_bytes = instance.training.bytes_per_param_state[0], instance.training.grad_reduce_bytes
     params = k.expert_params(layers)
     if params == 0:  # a stage of dense layers only (E1) has no experts to sync
         return {}

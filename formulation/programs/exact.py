@@ -150,7 +150,7 @@ def _stage_time(b: _Builder, i: int) -> int:
         b.dp_groups[i] = [group_variables(b, ranks, f"dp{i}.") for ranks in tpl.shard_groups(i)]
     if c.dp_replicate > 1:  # (P9') the replicate groups, whose all-reduce follows the reduce-scatter
         b.rep_groups[i] = [group_variables(b, ranks, f"rep{i}.") for ranks in tpl.replicate_groups(i)]
-    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
     for g in b.dp_groups.get(i, []):
         if c.zero_stage >= 3:
             ag_vars.append(group_time(b, g, lambda lk: cost.collective_time(
@@ -246,7 +246,7 @@ def _per_layer_upper_bound(b: _Builder, k, experts: bool = True) -> float:
     tp = max((cost.tp_layer_comm(inst.model, inst.training, tpl, GroupLinks(n_tp, slow, slow, N, kk), cluster)
               for N in range(1, n_tp + 1) for kk in range(1, n_tp // N + 1)), default=0.0) if n_tp > 1 else 0.0
     cp = cost.cp_layer_comm(inst.model, inst.training, tpl, slow, False, cluster) if tpl.cp > 1 else 0.0
-    w_bytes, g_bytes, _ = inst.training.bytes_per_param_state
+    w_bytes, g_bytes = inst.training.bytes_per_param_state[0], inst.training.grad_reduce_bytes
     ag = rs = 0.0
     if tpl.zero_stage >= 2 and n_dp > 1:
         shapes = [(N, kk) for N in range(1, n_dp + 1) for kk in range(1, n_dp // N + 1)]

@@ -364,7 +364,7 @@ def _dp_crossing_cases(instance, config: Config, ctx: _CutContext) -> dict[str, 
         """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
         if config.zero_stage < 3 or config.dp_replicate > 1:
             return b.ag, b.rs
-        w_bytes, g_bytes, _ = job.bytes_per_param_state
+        w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
         k = b.constants(0)
         return tuple(best_group_time(lambda lk, kind=kind, size=size: cost.collective_time(kind, size, lk, cluster),
                                      n_dp, b.intra, cut, b.max_nodes, cap, 2, b.span)

@@ -299,7 +299,7 @@ def _type_groups(instance, b, name: str) -> tuple[float, float, float, float]:
     model, job, cluster = instance.model, instance.training, instance.cluster
     config, p = b.config, b.placement
     intra_k, inter_k = type_links(cluster, name)
-    w_bytes, g_bytes, _ = job.bytes_per_param_state
+    w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
 
     def least(fn, size: int) -> float:
         inside = best_group_time(fn, size, min(intra_k, b.intra), b.inter, 1, b.per_node_cap, span=b.span)

@@ -280,7 +280,8 @@ def shard_layer_floor(instance, p, layer_params: float, links: tuple, dp_cap: in
     most `dp_cap` members a node, the reduce-scatter followed by the replicas' all-reduce of the layer's shard (at
     most `cap` a node); `links` = (intra, inter, max_nodes, span) as best_group_time takes them."""
     intra, inter, max_nodes, span = links
-    cluster, (w_bytes, g_bytes, _) = instance.cluster, instance.training.bytes_per_param_state
+    cluster, w_bytes, g_bytes = (instance.cluster, instance.training.bytes_per_param_state[0],
+                                 instance.training.grad_reduce_bytes)
     ag = rs = 0.0
     n = p.shard_size
     if p.zero_stage >= 2 and n > 1:

@@ -74,7 +74,8 @@ class FastScorer:
         self.multi_type = len(set(self.type_of)) > 1
         self.rep_gpu = {t: self.type_of.index(t) for t in set(self.type_of)}  # one GPU of every type
         self.p2p_message = pipeline_message(instance, self.probe)
-        self.w_bytes, self.g_bytes, self.o_bytes = self.job.bytes_per_param_state
+        self.w_bytes, _, self.o_bytes = self.job.bytes_per_param_state
+        self.g_bytes = self.job.grad_reduce_bytes  # gradients are reduced in this dtype
         self._ids, self.links, self._val, self._pair, self._weight = {}, [], {}, {}, 0
         self._type, self._stage_links, self._stages = {}, {}, {}
         self.perm = [int(g) for g in perm]

@@ -16,7 +16,8 @@ Defaults for blank cells (documented in docs/validation.md):
 - TP communication overlap: on where the notes say `--tp-comm-overlap` or a `tp_comm_overlap` column says true.
 - Software stack: an optional `software_stack` column; blank: `llm-foundry` for llm-foundry's rows (Composer on
   PyTorch FSDP1, Composer's default BACKWARD_POST prefetch), `torchtitan` where the notes say FSDP, else
-  `megatron`. The loss is a fused
+  `megatron`: Megatron-LM's own FSDP (notes naming Megatron-FSDP, `--use-megatron-fsdp`, `--use-custom-fsdp` or
+  `--use-torch-fsdp2`, or a Megatron / NeMo source) is `megatron`. The loss is a fused
   cross entropy except on torchtitan's own rows: llm-foundry's MPT class defaults to flash-attn's
   (`loss_fn: fused_crossentropy`), Megatron-LM's is its fused vocab-parallel one.
 - Per-row assumptions on the packaged reference files (ROW_ASSUMPTIONS, row_assumptions.csv): applied on load,
@@ -268,7 +269,10 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      "compiled_loss": compiled and (r.get("compiled_loss") or "").strip().lower() != "false",
                      # llm-foundry's MPT class defaults to flash-attn's fused cross entropy (loss_fn:
                      # fused_crossentropy, llmfoundry/models/mpt/modeling_mpt.py); Megatron's is fused too
-                     "fused_cross_entropy": "FSDP" not in r["notes"] or "llm-foundry" in r["source"]},
+                     "fused_cross_entropy": not _pytorch_fsdp(r) or "llm-foundry" in r["source"],
+                     # an optional `grad_reduce_dtype` column (bf16 / fp32; blank: the gradient state's dtype)
+                     **({"grad_reduce_dtype": r["grad_reduce_dtype"].strip()} if (r.get("grad_reduce_dtype") or
+                                                                                  "").strip() else {})},
         # an optional `nvlink_domain_gpus` column: the nodes (trays) form NVLink domains of that many GPUs
         "cluster": cluster_section(gpu_type, n_gpus, per_node, _float(r, "intra_node_gb_per_s"),
                                    _float(r, "inter_node_gb_per_s"), _int(r, "nvlink_domain_gpus")),
@@ -394,8 +398,22 @@ def is_test_row(row: int) -> bool:
     return row % 3 == 0
 
 
+# Megatron-LM's own FSDP (the megatron-fsdp package, `--use-megatron-fsdp`, earlier `--use-custom-fsdp`) and its
+# PyTorch FSDP2 option (`--use-torch-fsdp2`): FSDP in the notes of a Megatron-LM run, which is the megatron stack
+MEGATRON_FSDP_MARKS = ("megatron-fsdp", "megatron_fsdp", "megatron fsdp", "custom-fsdp", "custom_fsdp", "custom fsdp",
+                       "torch-fsdp2", "torch_fsdp2")
+
+
+def _pytorch_fsdp(r: dict) -> bool:
+    """The notes say FSDP and mean PyTorch's FSDP stacks, not Megatron-LM's own (MEGATRON_FSDP_MARKS, or a
+    Megatron / NeMo source)."""
+    notes, source = r["notes"].lower(), r["source"].lower()
+    return ("FSDP" in r["notes"] and not any(mark in notes for mark in MEGATRON_FSDP_MARKS)
+            and "megatron" not in source and "nemo" not in source)
+
+
 def _stack_of(r: dict) -> str:
     """A row's software stack when its file does not say (module docstring)."""
     if "llm-foundry" in r["source"]:
         return "llm-foundry"
-    return "torchtitan" if "FSDP" in r["notes"] else "megatron"
+    return "torchtitan" if _pytorch_fsdp(r) else "megatron"
