@@ -30,16 +30,16 @@ Megatron-LM's `num_floating_point_operations`).
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from formulation.data import REFERENCE_DIR
 from formulation.errors import InputError, file_problem
 from formulation.inputs.instance import Instance, instance_from_dict
-from formulation.physics.schedules import FAMILIES
 from formulation.placement import Placement, even_split
 from solvers.validation.moe_runs import MODEL_COLUMNS, MOE_ROW_OFFSET, moe_run_from_row
+from solvers.validation.run_cells import flag_cell as _flag, number_cell as _float, recompute_cell as _recompute
+from solvers.validation.run_cells import schedule_cell as _schedule, whole_cell as _int
 from solvers.validation.run_cluster import cluster_section
 
 DEFAULT_RUNS = REFERENCE_DIR / "published_runs.csv"
@@ -83,30 +83,6 @@ class Run:
             return (self.name,)
         return (self.instance.model.name, self.gpu_type, self.placement.world_size if self.placement else 0,
                 self.instance.training.seq_length, self.instance.training.global_batch_size)
-
-
-def _float(r: dict, key: str) -> float | None:
-    """A cell as a finite number >= 0; blank (or OOM in the memory column): None. Anything else names the column."""
-    value = (r.get(key) or "").strip()
-    if not value or value.upper() == "OOM":
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"column {key}: expected a finite number >= 0, got {value!r}")
-    return number
-
-
-def _int(r: dict, key: str, default: int | None = None) -> int | None:
-    """A cell as a whole number >= 0 (written 8 or 8.0); blank: `default`."""
-    number = _float(r, key)
-    if number is None:
-        return default
-    if not number.is_integer():
-        raise ValueError(f"column {key}: expected a whole number, got {r[key].strip()!r}")
-    return int(number)
 
 
 def _is_old_megatron(source: str) -> bool:
@@ -178,33 +154,6 @@ def run_from_row(index: int, r: dict) -> Run:
         return Run(**{**base, "instance": instance, "placement": placement, "skipped_reason": how})
     return Run(**{**base, "instance": instance, "placement": placement, "measured_iter_s": measured,
                   "measured_how": how})
-
-
-def _flag(r: dict, key: str, default: bool) -> bool:  # an optional true / false cell
-    text = (r.get(key) or "").strip().lower()
-    if not text:
-        return default
-    if text not in ("true", "false"):
-        raise ValueError(f"column {key}: expected true or false, got {text!r}")
-    return text == "true"
-
-
-def _schedule(r: dict) -> str:  # the optional `schedule` cell: a schedule family (blank: 1f1b)
-    text = (r.get("schedule") or "").strip().lower() or "1f1b"
-    if text not in FAMILIES:
-        raise ValueError(f"column schedule: expected one of {', '.join(FAMILIES)}, got {text!r}")
-    return text
-
-
-def _recompute(r: dict) -> tuple[str, int]:
-    """(policy, block layers) of a row's recompute cell: `block:r` is Megatron-LM's --recompute-method block
-    --recompute-num-layers r, i.e. ("full", r); (the cell, -1) where r is not a positive integer."""
-    text = (r["recompute"] or "").strip()
-    recompute = text.split("+")[0] if text else "none"
-    if not recompute.startswith("block:"):
-        return recompute, 0
-    count = recompute.partition(":")[2].strip()
-    return ("full", int(count)) if count.isdigit() and int(count) > 0 else (recompute, -1)
 
 
 def _layers_per_stage(r: dict, layers: int, pp: int, vpp: int) -> tuple[int, ...] | str:
