@@ -45,7 +45,10 @@ most tau / u_j layers, so the least sum fills the fastest stages first (`least_s
 at the fastest pair and, over the GPU types, the least dp exposure (a slower type hides more of the dp sync
 behind its longer backward), optimizer step and overhead. With dense and MoE layers the stages off the fastest
 type are priced at the least of theirs (`Parts.pipeline_any`). A type's figure is the least over the types no
-faster than it by the evaluator's key, so that a figure which does not follow the key stays a floor.
+faster than it by the evaluator's key, so that a figure which does not follow the key stays a floor. Where T
+is still below the plan, its slowest stage is also taken jointly with the dp exposure, at levels of it: a stage
+holds only as many layers as keep its exposure within the level, at narrow dp groups when its tp and ep groups
+lie inside nodes, or at slower layers when one crosses (solvers/bounds/exposure_levels.py).
 
 Measured: on 206 random 4-8-GPU clusters (one or several types, uneven nodes, one-way links, MoE) B5 never
 exceeds the brute-force minimum over tp-in-node placements of any world size (docs/independent_check/check_b5.py),

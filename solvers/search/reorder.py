@@ -45,7 +45,7 @@ def reorder_search(instance, incumbent_s: float, deadline: float, floors: list):
             break
         if config.pp < 3:  # with two stages every order is a composition
             continue
-        for placement in _placements(instance, config, islands):
+        for placement in level_placements(instance, config, islands):
             key = (config, placement.layers_per_stage, tuple(placement.gpus))
             if time.perf_counter() > deadline or key in seen:
                 continue
@@ -56,7 +56,7 @@ def reorder_search(instance, incumbent_s: float, deadline: float, floors: list):
     return best
 
 
-def _placements(instance, config, islands):
+def level_placements(instance, config, islands):
     """Up to LEVELS placements of `config` at the lowest reachable levels of the slowest stage (module docstring)."""
     from scipy.optimize import linear_sum_assignment  # here: scipy.optimize takes 0.6 s to import
 
