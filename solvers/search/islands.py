@@ -95,7 +95,7 @@ def solve_composed(instance, solver: str = "auto", time_limit: float | None = No
         raw_bound = min(plan_value, max(raw_bound, enumerated.bound if enumerated is not None else 0.0))
     gap_fraction, status = closing_status(plan_value, raw_bound, None if proven else found.stopped)
     value, bound = goal.reported(best.value, raw_bound, best.placement)
-    islands = island_report(instance, best.placement, found.islands, objective)
+    islands = island_report(instance, outside[0][0] if outside else best.placement, found.islands, objective)
     report = SolverReport(method=f"islands-{backend}", status=status, objective_s=best.estimate.iteration_time_s,
                           bound_s=raw_bound if goal.value_is_time else None,
                           gap=max(0.0, (value - bound) / value) if value else 0.0,
