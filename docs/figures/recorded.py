@@ -25,4 +25,4 @@ recorded("node-sa-t0-rule", "docs/search-beyond-exact.md",
 recorded("bench-mixed", "docs/mixed-gpu-types.md", "solve bench --mixed --seeds 3", "c24b0ad")
 recorded("mixed-bounds", "docs/mixed-gpu-types.md",
          "solve --instance instances/X.json --time-limit 60 (X in a100_h100_64, mixed_256, mixtral_8x7b_a100_h100_64), "
-         "at fe6596c (before) and here (after)", "a3b4b6b")
+         "two runs each, at 32ee563 (before) and here (after)", "f753757")

@@ -45,7 +45,10 @@ most tau / u_j layers, so the least sum fills the fastest stages first (`least_s
 at the fastest pair and, over the GPU types, the least dp exposure (a slower type hides more of the dp sync
 behind its longer backward), optimizer step and overhead. With dense and MoE layers the stages off the fastest
 type are priced at the least of theirs (`Parts.pipeline_any`). A type's figure is the least over the types no
-faster than it by the evaluator's key, so that a figure which does not follow the key stays a floor.
+faster than it by the evaluator's key, so that a figure which does not follow the key stays a floor. Where T
+is still below the plan, its slowest stage is also taken jointly with the dp exposure, at levels of it: a stage
+holds only as many layers as keep its exposure within the level, at narrow dp groups when its tp and ep groups
+lie inside nodes, or at slower layers when one crosses (solvers/bounds/exposure_levels.py).
 
 Measured: on 206 random 4-8-GPU clusters (one or several types, uneven nodes, one-way links, MoE) B5 never
 exceeds the brute-force minimum over tp-in-node placements of any world size (docs/independent_check/check_b5.py),
@@ -65,6 +68,7 @@ from formulation.physics.stage import stage_constants
 from formulation.placement import even_split
 from formulation.space import Config, configurations, partition_fits, placement_for
 
+from solvers.bounds.exposure_levels import exposure_split, stage_options
 from solvers.bounds.kinds import least_optimizer_step
 from solvers.bounds.levels import node_links
 from solvers.bounds.parts import best_group_time, stage_parts
@@ -79,19 +83,27 @@ def _stage_floors(instance, p, world: int, of_type: dict, *also: dict) -> list:
     not follow that key, hence the least over the slower types): sorted, as the module docstring compares them.
     With `also` (more figures per type), tuples: each stage's figure of `of_type` and of each of `also`, sorted
     by the first; a figure that is a tuple (memory caps per position) is the most over the slower types."""
-    cluster, model, job = instance.cluster, instance.model, instance.training
-    key = {name: type_pace(model, job, p, g) for name, g in cluster.gpu_types.items()}
+    names, slower = grouping_types(instance, p, world)
+
     def floor(figure):
-        slower = {name: [figure[o] for o in key if key[o] >= key[name]] for name in key}
-        if isinstance(figure[next(iter(key))], tuple):  # memory caps per position: the most over the slower types
-            return {name: tuple(max(c) for c in zip(*values)) for name, values in slower.items()}
-        return {name: min(values) for name, values in slower.items()}
+        values = {name: [figure[o] for o in slower[name]] for name in slower}
+        if isinstance(figure[next(iter(slower))], tuple):  # memory caps per position: the most over the slower types
+            return {name: tuple(max(c) for c in zip(*v)) for name, v in values.items()}
+        return {name: min(v) for name, v in values.items()}
 
     floors = [floor(figure) for figure in (of_type, *also)]
+    stages = sorted(tuple(floor[name] for floor in floors) for name in names)
+    return stages if also else [s[0] for s in stages]
+
+
+def grouping_types(instance, p, world: int) -> tuple[list[str], dict[str, list[str]]]:
+    """The GPU type of each stage's slowest member when the world's fastest GPUs are taken in stages in speed
+    order (evaluate._slowest_type's key), and per type the types no faster than it (itself included)."""
+    cluster, model, job = instance.cluster, instance.model, instance.training
+    key = {name: type_pace(model, job, p, g) for name, g in cluster.gpu_types.items()}
     fastest = sorted((key[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]
     size = world // p.pp
-    stages = sorted(tuple(floor[name] for floor in floors) for _, name in fastest[size - 1::size])
-    return stages if also else [s[0] for s in stages]
+    return [name for _, name in fastest[size - 1::size]], {n: [o for o in key if key[o] >= key[n]] for n in key}
 
 
 def work_floor(instance, config: Config) -> float:
@@ -148,7 +160,10 @@ def typed_bound(instance, config: Config, refine_below: float = 0.0, enough: flo
         rest = b.chain() + min(at.dp_floor() for at in at_type.values()) + min(
             least_optimizer_step(instance, b.placement, g) for g in types) + min(g.iteration_overhead_s for g in types)
         if pipe + rest < refine_below:
-            return max(pipe, placed_pipeline(b, us, at_last, caps, M)) + rest
+            value = max(pipe, placed_pipeline(b, us, at_last, caps, M)) + rest
+            if value < refine_below:  # the slowest stage jointly with the dp exposure (exposure_levels.py)
+                value = max(value, _exposure_bound(instance, b, us, M, stages, output, room, rest, refine_below))
+            return value
     else:  # (E1) two levels: the stages off the fastest unit at the least of theirs
         slow = [x for x in us if x > u]
         pipe = replace(b, u=u, extras=extras).pipeline_any(len(slow), min(slow, default=u))
@@ -157,6 +172,27 @@ def typed_bound(instance, config: Config, refine_below: float = 0.0, enough: flo
     fixed = min(least_optimizer_step(instance, b.placement, g) for g in types)
     overhead = min(g.iteration_overhead_s for g in types)
     return pipe + b.chain() + dp + fixed + overhead
+
+
+def _exposure_bound(instance, b, us: list[float], M: float, stages: list, output: dict, room: dict, rest: float,
+                    enough: float) -> float:
+    """T with its slowest stage taken jointly with the dp exposure at levels of it (solvers/bounds/exposure_levels.py):
+    `rest` is T's chain, dp exposure floor, optimizer step and overhead; the returned bound counts them too."""
+    types = list(instance.cluster.gpu_types.values())
+    P, v, L = b.config.pp, b.config.vpp, instance.model.num_layers
+    names, slower = grouping_types(instance, b.placement, b.placement.world_size)
+    groups = {g.name: {"groups": _type_groups(instance, b, g.name), "caps": room[g.name]} for g in types}
+    options = stage_options(instance, b, types, groups, L)
+    per_stage = [[o for t in slower[name] for o in options[t]] for name in names]
+    extras = np.zeros((P, P))
+    extras[P - 1, :] = [min(output[t] for t in slower[name]) for name in names]
+    floor = min(replace(b, gpu_type=g, _constants={}).dp_floor() for g in types)
+    cap = [min(max(c), L) for _, _, c in stages]
+
+    def pipeline(slowest: float) -> float:
+        return _pipeline_at_levels(b, us, max(slowest, M), cap, float(extras[P - 1].min()))
+
+    return exposure_split(per_stage, extras, L, v, pipeline, rest - floor, floor, enough)
 
 
 def least_stage_sum(us: list[float], level: float, cap, layers: int, step: int) -> float:
@@ -325,11 +361,12 @@ def configuration_floors(instance) -> list[tuple[float, int, Config]]:
 
 
 def every_placement_bound(instance, value, cap: float, deadline: float = INF, floors: list | None = None,
-                          refine: bool = True) -> float:
+                          refine: bool = True, record: dict | None = None) -> float:
     """B5 in the objective's unit, at most `cap` (the plan's own value: a bound that reaches it proves the plan
     optimal). `value(config, time_s)`: the objective's lower bound for a plan of `config` taking at least
     `time_s` (INF where no such plan can count, e.g. one too slow for a required throughput). `floors`:
-    configuration_floors(instance), if the caller has them."""
+    configuration_floors(instance), if the caller has them. `record`: filled with each configuration bounded and
+    its bound (a search may take them in that order)."""
     ordered = sorted(((value(c, w), k, c, w) for w, k, c in floors or configuration_floors(instance)),
                      key=lambda item: item[:2])  # the value may weigh configurations apart (cost: by GPUs)
     best = cap
@@ -340,5 +377,8 @@ def every_placement_bound(instance, value, cap: float, deadline: float = INF, fl
             return floor  # every configuration left is at least its floor, and they come in that order
         # (the value in seconds: where it is in another unit, T is not refined)
         at = best if refine else 0.0
-        best = min(best, value(config, max(typed_bound(instance, config, at, best if refine else INF), w)))
+        bound = value(config, max(typed_bound(instance, config, at, best if refine else INF), w))
+        if record is not None:
+            record[config] = bound
+        best = min(best, bound)
     return best
