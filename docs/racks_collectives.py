@@ -20,6 +20,8 @@ GIB = 2 ** 30
 # 20 racks (github.com/coreweave/nccl-tests/pull/48), by message size in bytes
 MEASURED = {72: {GIB // 2: 586.06, GIB: 681.17, 2 * GIB: 757.78, 4 * GIB: 839.16, 8 * GIB: 834.57},
             1440: {GIB // 2: 150.95, GIB: 218.85, 2 * GIB: 286.52, 4 * GIB: 346.38}}
+# NVIDIA/nccl issue 1801: 4 and 8 GPUs on each of 3 GB200 racks (InfiniBand between them), ring, 16 GiB
+PER_RACK_MEASURED = {4: 196.72, 8: 393.66}
 
 
 def racks(count: int):
@@ -51,6 +53,11 @@ def main() -> None:
         for size, measured in rows.items():
             model = busbw(big, range(ranks), size)[0]
             print(f"{ranks:5d} {size / GIB:9.2f} {measured:9.1f} {model:6.1f} {model / measured:6.2f}")
+    three = racks(3)
+    print("\nper rack (3 racks)  size GiB  measured  model  model/measured")
+    for per_rack, measured in PER_RACK_MEASURED.items():
+        model = busbw(three, [72 * r + i for r in range(3) for i in range(per_rack)], 16 * GIB)[0]
+        print(f"{per_rack:18d} {16:9.2f} {measured:9.1f} {model:6.1f} {model / measured:6.2f}")
 
 
 if __name__ == "__main__":

@@ -125,8 +125,12 @@ def _stage_memory(instance, p, stage, layers, gpus, dense_layers: int = 0, plain
     return max(options, key=lambda m: m.total_gib - m.limit_gib)
 
 
-def _max_group(groups: np.ndarray, fn) -> float:
-    return max((fn(g) for g in groups), default=0.0)
+def _max_group(cluster, groups: np.ndarray, fn) -> float:
+    """The largest `fn(links)` over the groups' links (cost.group_links), each distinct links costed once: a
+    group's time depends on its GPUs only through them, and the groups of a large cluster share a few (the 1,152
+    tp groups of a 4,608-GPU default map, one or two)."""
+    n = np.shape(groups)[1] if np.ndim(groups) == 2 else 0
+    return max((fn(cost.GroupLinks(n, *links)) for links in cluster.distinct_group_links(groups)), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -150,19 +154,15 @@ def stage_links(instance, p: Placement, i: int) -> StageLinks:
     """(C6), (C8), (C12) for stage i of `p` (its GPUs are p.grid[i]); the layer count does not enter."""
     cluster = instance.cluster
     # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
-    tp = _max_group(p.tp_groups(i), lambda g: group_comm(
-        instance, p, "tp", cost.group_links(cluster, g))) if p.tp > 1 else 0.0
-    cp = _max_group(p.cp_groups(i), lambda g: group_comm(
-        instance, p, "cp", cost.group_links(cluster, g))) if p.cp > 1 else 0.0
+    tp = _max_group(cluster, p.tp_groups(i), lambda lk: group_comm(instance, p, "tp", lk)) if p.tp > 1 else 0.0
+    cp = _max_group(cluster, p.cp_groups(i), lambda lk: group_comm(instance, p, "cp", lk)) if p.cp > 1 else 0.0
     dp_links = tuple(cost.group_links(cluster, g) for g in p.shard_groups(i)) if p.shard_size > 1 else ()
     if not moe_cost.is_moe(instance.model):
         rep = tuple(cost.group_links(cluster, g) for g in p.replicate_groups(i)) if p.dp_replicate > 1 else ()
         return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links, rep_links=rep)
     # (E7) slowest expert-parallel group's dispatch and combine, slowest expert-tp group's gather and scatter
-    ep = _max_group(p.moe_ep_groups(i), lambda g: group_comm(
-        instance, p, "ep", cost.group_links(cluster, g))) if p.ep > 1 else 0.0
-    etp = _max_group(p.expert_tp_groups(i, p.ep, p.etp), lambda g: group_comm(
-        instance, p, "etp", cost.group_links(cluster, g))) if p.etp > 1 else 0.0
+    ep = _max_group(cluster, p.moe_ep_groups(i), lambda lk: group_comm(instance, p, "ep", lk)) if p.ep > 1 else 0.0
+    etp = _max_group(cluster, p.expert_tp_groups(i, p.ep, p.etp), lambda lk: group_comm(instance, p, "etp", lk)) if p.etp > 1 else 0.0
     edp = tuple(cost.group_links(cluster, g) for g in p.moe_expert_dp_groups(i)) if p.expert_dp > 1 else ()
     return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links, ep + etp, edp)
 
@@ -252,9 +252,10 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
     fwd, bwd = stage_passes(k, lt, layers)
     compute = layers * (k.f_compute + k.b_compute) + 3 * k.output_fwd
     # (C11) data-parallel synchronisation after the stage's last backward
+    dp_links, edp_links = set(sl.dp_links), set(sl.edp_links)  # each distinct links costed once
     dp_sync, dp_exposed = stage_dp_sync(instance, p, k, layers, lambda kind, message: max(
-        cost.collective_time(kind, message, lk, cluster) for lk in sl.dp_links), (lambda kind, message: max(
-            cost.collective_time(kind, message, lk, cluster) for lk in sl.edp_links)) if sl.edp_links else None,
+        cost.collective_time(kind, message, lk, cluster) for lk in dp_links), (lambda kind, message: max(
+            cost.collective_time(kind, message, lk, cluster) for lk in edp_links)) if edp_links else None,
         replica_time(cluster, sl.rep_links))
     opt_fixed, opt_per_layer = memory_coefficients(instance, p, i).optimizer
     return StageEstimate(
@@ -354,9 +355,9 @@ def evaluate(instance, placement: Placement | dict, check: bool = True) -> Estim
     times = [s.time_per_micro_batch_s for s in stages]
     message = pipeline_message(instance, p)
 
-    def boundary(a: int, b: int) -> float:
-        src, dst = p.stage_gpus(a), p.stage_gpus(b)
-        return max(pipeline_send(cluster, message, x, y) for x, y in zip(src, dst))
+    def boundary(a: int, b: int) -> float:  # (C10) the slowest pair's send, each distinct pair's links once
+        return max(cost.p2p_time(message, bw, same, cluster)
+                   for bw, same in cluster.distinct_send_links(p.stage_gpus(a), p.stage_gpus(b)))
 
     boundaries = [boundary(j, j + 1) for j in range(p.pp - 1)]
     total, pipe, k, chain = compose_iteration(instance, p, stages, boundaries,

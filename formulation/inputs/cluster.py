@@ -183,6 +183,37 @@ class Cluster:
             found = self._links_cache[key] = self._group_links(gpus)
         return found
 
+    @cached_property
+    def _distinct_cache(self) -> dict:
+        return {}
+
+    def distinct_group_links(self, groups: np.ndarray) -> frozenset:
+        """The distinct `group_links` of the rows of `groups` (one group per row), memoised by the whole array:
+        the evaluator wants only the slowest of a stage's groups, whose links repeat, and the default maps of
+        configurations that differ in recompute, micro-batch or interleaving share every group."""
+        groups = np.ascontiguousarray(groups, dtype=np.int64)
+        key = (groups.shape, hashlib.blake2b(groups.tobytes(), digest_size=16).digest())
+        found = self._distinct_cache.get(key)
+        if found is None:
+            if len(self._distinct_cache) > 100_000:  # bounded
+                self._distinct_cache.clear()
+            found = self._distinct_cache[key] = frozenset(self.group_links(g) for g in groups)
+        return found
+
+    def distinct_send_links(self, src: np.ndarray, dst: np.ndarray) -> frozenset:
+        """The distinct (GB/s, same NVLink domain) of the GPU pairs (src[j], dst[j]): what a pipeline send between
+        two stages costs by (`bandwidth`, `gpu_domain`), memoised by the pair of arrays."""
+        src, dst = np.ascontiguousarray(src, dtype=np.int64), np.ascontiguousarray(dst, dtype=np.int64)
+        key = ("send", src.shape, hashlib.blake2b(src.tobytes() + dst.tobytes(), digest_size=16).digest())
+        found = self._distinct_cache.get(key)
+        if found is None:
+            if len(self._distinct_cache) > 100_000:
+                self._distinct_cache.clear()
+            found = self._distinct_cache[key] = frozenset(
+                (self.bandwidth(int(a), int(b)), bool(self.gpu_domain[a] == self.gpu_domain[b]))
+                for a, b in zip(src, dst))
+        return found
+
     def _group_links(self, gpus: np.ndarray) -> tuple[float, float, int, int]:
         if self.domain_of_node is not None:
             return self._domain_group_links(gpus)

@@ -38,6 +38,14 @@ LL128_BUS_SHARE = {"ring": 0.92, "tree": 120 / 128}
 # The cluster's latency figures (instance fields, nccl-tests fits) scale NCCL's constants: at the defaults (5 us inside
 # a node, 15 us across) NCCL's constants hold as they are.
 DEFAULT_INTRA_LATENCY_S, DEFAULT_INTER_LATENCY_S = 5e-6, 15e-6
+# (C5e) Across NVLink domains (a cluster with `nvlink_domains`: NCCL with MNNVL fuses a rack's trays into one node of
+# 72 GPUs and 72 NICs): a ring channel enters and leaves that node through one NIC each (NCCL's ncclTopoPreset:
+# ringRecv / ringSend are the first and last GPU of the channel's chain inside the node), so the NICs that carry a
+# ring between domains are those of its channels, not every member's. Fitted on the one published multi-rack curve
+# (CoreWeave's 20 GB200 NVL72 racks, 1,440 ranks, docs/racks.md: 12 NICs of 45 GB/s give 0.92-1.09 of its bus
+# bandwidth at 0.5-4 GiB; 8 give 0.79-0.82, 16 0.99-1.34); up to 8 members per rack every member's NIC carries the
+# ring (NVIDIA/nccl issue 1801: 4 and 8 GPUs per GB200 rack over 3 racks reach 4 and 8 x 49 GB/s).
+CROSS_DOMAIN_RING_NICS = 12
 
 
 @lru_cache(maxsize=1)
@@ -81,10 +89,24 @@ def _intra_hw(cluster) -> str:
     return fabrics()["intra"][getattr(cluster, "intra_fabric", "nvlink")]["nccl_hw"]
 
 
-def _options(kind: str, nodes: int, intra_hw: str) -> list[tuple[str, int]]:
+def crosses_domains(links, cluster) -> bool:
+    """Whether a group spans several NVLink domains of a cluster that declares them (C5e)."""
+    return links.nodes > 1 and bool(getattr(cluster, "has_domains", False))
+
+
+def inter_nics(links, cluster) -> int:
+    """The NICs per node (per domain, where the cluster declares them) that carry a ring's inter-node bytes in
+    parallel: the group's fewest members on one node, each on its own NIC (C5); across NVLink domains at most
+    CROSS_DOMAIN_RING_NICS (C5e)."""
+    return min(links.per_node, CROSS_DOMAIN_RING_NICS) if crosses_domains(links, cluster) else links.per_node
+
+
+def _options(kind: str, nodes: int, intra_hw: str, domains: bool = False) -> list[tuple[str, int]]:
     """The (algorithm, protocol index) pairs NCCL may run: ring for every collective, the tree for an all-reduce
-    across nodes (NVLS and CollNet need switch support the fabric table does not describe); LL128 only over NVLink."""
-    algorithms = ["ring"] + (["tree"] if kind == "all_reduce" and nodes > 1 else [])
+    across nodes (NVLS and CollNet need switch support the fabric table does not describe); LL128 only over NVLink.
+    Across NVLink domains (`domains`, C5e) the ring alone: the published multi-rack curve's fixed cost, about 5 ms at
+    1,440 ranks, is the ring's (NCCL's ring LL128 latency there is 5.6 ms, its tree's 0.26 ms)."""
+    algorithms = ["ring"] + (["tree"] if kind == "all_reduce" and nodes > 1 and not domains else [])
     protocols = [0, 1, 2] if intra_hw == "nvlink" else [0, 2]
     return [(a, p) for a in algorithms for p in protocols]
 
@@ -96,8 +118,18 @@ def option_latency_s(algorithm: str, protocol: int, kind: str, n: int, nodes: in
     least the network's post overhead when the ring spans nodes, an inter-node step with one rank per node the tree's
     network latency; a ring Simple all-reduce across nodes x 1.4 (NCCL's plateau). Tree (all-reduce across nodes):
     2 ((n / N - 1) intra + floor(log2 N) inter)."""
-    intra_scale = cluster.intra_latency_s / DEFAULT_INTRA_LATENCY_S
-    inter_scale = cluster.inter_latency_s / DEFAULT_INTER_LATENCY_S
+    plateau = kind == "all_reduce" and PROTOCOLS[protocol] == "Simple" and nodes > 1 and algorithm == "ring"
+    return _latency_s(algorithm, protocol, kind, n, nodes, per_node == 1, cluster.intra_latency_s,
+                      cluster.inter_latency_s, intra_hw, RING_PLATEAU.get(cluster_generation(cluster), 1.4)
+                      if plateau else 1.0)
+
+
+@lru_cache(maxsize=65536)
+def _latency_s(algorithm: str, protocol: int, kind: str, n: int, nodes: int, one_per_node: bool,
+               intra_latency_s: float, inter_latency_s: float, intra_hw: str, plateau: float) -> float:
+    """`option_latency_s` by the values it reads (memoised: the bounds price thousands of group shapes)."""
+    intra_scale = intra_latency_s / DEFAULT_INTRA_LATENCY_S
+    inter_scale = inter_latency_s / DEFAULT_INTER_LATENCY_S
     base = BASE_LATENCY_US[algorithm][protocol]
     intra = HW_LATENCY_US[intra_hw][algorithm][protocol] * intra_scale
     if algorithm == "tree":
@@ -108,26 +140,35 @@ def option_latency_s(algorithm: str, protocol: int, kind: str, n: int, nodes: in
         return 1e-6 * (base + steps * intra)
     overhead = NET_OVERHEAD_US * (3 if PROTOCOLS[protocol] == "Simple" else 1)
     intra = max(intra, overhead)
-    inter = HW_LATENCY_US["net"]["tree" if per_node == 1 else "ring"][protocol] * inter_scale
+    inter = HW_LATENCY_US["net"]["tree" if one_per_node else "ring"][protocol] * inter_scale
     inter_steps = 2 * (nodes - 1) if kind == "all_reduce" else nodes - 1
     latency = base + (steps - inter_steps) * intra + inter_steps * inter
-    if kind == "all_reduce" and PROTOCOLS[protocol] == "Simple":
-        latency *= RING_PLATEAU.get(cluster_generation(cluster), 1.4)
+    if plateau != 1.0:
+        latency *= plateau
     return 1e-6 * latency
 
 
-def option_time(algorithm: str, protocol: int, kind: str, message_bytes: float, factor: float, links, cluster,
-                efficiency: tuple[float, float], intra_hw: str) -> float:
-    """(C5c) One option's time at `links`: latency + bus bytes x max(LL's bandwidth cap, level part / share).
-    Bus bytes: factor(n) S on the ring, 2 S on the tree (algbw = busbw / 2). Level part: the rail ring's (C5),
-    1 / (E_i B_i) on one node."""
-    n, N, k = links.size, links.nodes, links.per_node
+def level_part(links, cluster, efficiency: tuple[float, float], nics: int | None = None) -> float:
+    """(C5), (C5e) Seconds per bus byte of the rail ring's slower level at `links`: (k - 1) / (k E_i B_i) over
+    NVLink against 1 / (nics E_e B_e) over the NICs, 1 / (E_i B_i) on one node. Every option's time is latency +
+    bus bytes x max(cap, part / share), its latency independent of k but for k = 1: so over the k of one node count
+    the least time of any option is at the k of least part (solvers/bounds/parts.py relies on it)."""
+    N, k = links.nodes, links.per_node
     intra_eff, inter_eff = efficiency
     if N == 1:
-        part = 1.0 / (intra_eff * links.intra_gb_per_s * 1e9)
-    else:
-        intra = (k - 1) / k / (intra_eff * links.intra_gb_per_s * 1e9) if k > 1 else 0.0
-        part = max(intra, 1.0 / (k * inter_eff * links.inter_gb_per_s * 1e9))
+        return 1.0 / (intra_eff * links.intra_gb_per_s * 1e9)
+    intra = (k - 1) / k / (intra_eff * links.intra_gb_per_s * 1e9) if k > 1 else 0.0
+    nics = inter_nics(links, cluster) if nics is None else nics
+    return max(intra, 1.0 / (nics * inter_eff * links.inter_gb_per_s * 1e9))
+
+
+def option_time(algorithm: str, protocol: int, kind: str, message_bytes: float, factor: float, links, cluster,
+                efficiency: tuple[float, float], intra_hw: str, nics: int | None = None) -> float:
+    """(C5c) One option's time at `links`: latency + bus bytes x max(LL's bandwidth cap, level part / share).
+    Bus bytes: factor(n) S on the ring, 2 S on the tree (algbw = busbw / 2). Level part: the rail ring's (C5),
+    1 / (E_i B_i) on one node. `nics`: `inter_nics(links, cluster)` when the caller has it."""
+    n, N, k = links.size, links.nodes, links.per_node
+    part = level_part(links, cluster, efficiency, nics)
     name = PROTOCOLS[protocol]
     share = {"LL": LL_BUS_SHARE[algorithm], "LL128": LL128_BUS_SHARE[algorithm], "Simple": 1.0}[name]
     if algorithm == "tree":
@@ -148,15 +189,17 @@ def nccl_time(kind: str, message_bytes: float, links, cluster, factor: float, ef
     from formulation.physics.cost import GroupLinks
 
     intra_hw = _intra_hw(cluster)
-    options = _options(kind, links.nodes, intra_hw)
+    domains = crosses_domains(links, cluster)
+    nics = min(links.per_node, CROSS_DOMAIN_RING_NICS) if domains else links.per_node  # inter_nics, once
+    options = _options(kind, links.nodes, intra_hw, domains)
     if least:
-        return min(option_time(a, p, kind, message_bytes, factor, links, cluster, efficiency, intra_hw)
+        return min(option_time(a, p, kind, message_bytes, factor, links, cluster, efficiency, intra_hw, nics)
                    for a, p in options)
     intra, inter = reference_links(cluster, links)
     ref = GroupLinks(links.size, intra, inter, links.nodes, links.per_node)
     chosen = min(options, key=lambda o: option_time(*o, kind, message_bytes, factor, ref, cluster, efficiency,
-                                                    intra_hw))
-    return option_time(*chosen, kind, message_bytes, factor, links, cluster, efficiency, intra_hw)
+                                                    intra_hw, nics))
+    return option_time(*chosen, kind, message_bytes, factor, links, cluster, efficiency, intra_hw, nics)
 
 
 def chosen_option(kind: str, message_bytes: float, links, cluster, factor: float,
@@ -167,7 +210,7 @@ def chosen_option(kind: str, message_bytes: float, links, cluster, factor: float
     intra_hw = _intra_hw(cluster)
     intra, inter = reference_links(cluster, links)
     ref = GroupLinks(links.size, intra, inter, links.nodes, links.per_node)
-    a, p = min(_options(kind, links.nodes, intra_hw),
+    a, p = min(_options(kind, links.nodes, intra_hw, crosses_domains(links, cluster)),
                key=lambda o: option_time(*o, kind, message_bytes, factor, ref, cluster, efficiency, intra_hw))
     return a, PROTOCOLS[p]
 

@@ -135,7 +135,7 @@ def collective_time(kind: str, message_bytes: float, links: GroupLinks, cluster,
         return factor(n) * message_bytes / (intra_eff * links.intra_gb_per_s * 1e9) + steps(n) * cluster.intra_latency_s
     latency = (steps(k) * cluster.intra_latency_s if k > 1 else 0.0) + steps(N) * cluster.inter_latency_s
     intra_bytes_per_s = intra_eff * links.intra_gb_per_s * 1e9
-    inter_bytes_per_s = k * inter_eff * links.inter_gb_per_s * 1e9
+    inter_bytes_per_s = collectives.inter_nics(links, cluster) * inter_eff * links.inter_gb_per_s * 1e9
     if levels_concurrent():
         intra = factor(n) * (k - 1) / k * message_bytes / intra_bytes_per_s
         return latency + max(intra, factor(n) * message_bytes / inter_bytes_per_s)

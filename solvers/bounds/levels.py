@@ -46,9 +46,10 @@ def level_units(cluster) -> tuple[int, int]:
     return len(cluster.domain_gpus), int(cluster.domain_gpus.max())
 
 
+@functools.lru_cache(maxsize=2)
 def cluster_extremes(cluster) -> tuple[float, float]:
     """Fastest GPU pair anywhere in the cluster at the fast level (inside a node, or across nodes of one NVLink
-    domain) and at the slow level (across nodes, or across domains) (INF: no such pair)."""
+    domain) and at the slow level (across nodes, or across domains) (INF: no such pair). Cached."""
     intra = max((float(m[~np.eye(m.shape[0], dtype=bool)].max()) for m in cluster.intra_gb_per_s if m.shape[0] > 1),
                 default=INF)
     if cluster.has_domains:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formulation.physics import cost, layer_kinds, moe_cost
+from formulation.physics import collectives, cost, layer_kinds, moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.physics.schedules import weight_grad_ceiling
 from formulation.placement import even_split
@@ -27,10 +27,12 @@ INF = float("inf")
 
 
 def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, per_node_cap: int,
-                    min_nodes: int = 1, span: np.ndarray | None = None) -> float:
+                    min_nodes: int = 1, span: np.ndarray | None = None, part=None) -> float:
     """The smallest time any placement of a group of `size` can have over every shape (nodes spanned,
     fewest members per node) with at least `min_nodes` nodes, at the given links (`span[N]` caps the
-    inter-node figure of a group over N nodes, see `span_bandwidth`)."""
+    inter-node figure of a group over N nodes, see `span_bandwidth`). `part(links)`: where fn depends on k (for
+    k >= 2) only through it, nondecreasing (collectives.level_part for the least option), fn is called only at
+    k = 1 and at the k of least part for each N: the same minimum, found in O(log) part evaluations."""
     if size <= 1:
         return 0.0 if min_nodes <= 1 else INF
     best = INF
@@ -38,11 +40,45 @@ def best_group_time(fn, size: int, intra: float, inter: float, max_nodes: int, p
         if N * per_node_cap < size:  # the nodes cannot hold the group
             continue
         bw = inter if span is None or N == 1 else min(inter, float(span[N]))
-        for k in ([size] if N == 1 else range(1, size // N + 1)):
+        if N == 1:
+            shapes = [size]
+        elif part is None:
+            shapes = range(1, size // N + 1)
+        else:
+            shapes = least_part_shapes(lambda k: part(GroupLinks(size, intra, bw, N, k)), min(size // N,
+                                                                                            per_node_cap))
+        for k in shapes:
             if k > per_node_cap:
                 continue
             best = min(best, fn(GroupLinks(size, intra, bw, N, k)))
     return best
+
+
+def least_part(cluster):
+    """`best_group_time`'s `part` for the least option of NCCL's model (`least=True`): its time depends on the
+    fewest members per node k (k >= 2) only through the rail ring's level part, nondecreasing in it
+    (formulation/physics/collectives.py `level_part`); None where that does not hold (NCCL's model or the
+    concurrent levels turned off: the latency then grows with k)."""
+    if not (cost.term("nccl_algorithms") and cost.levels_concurrent()):
+        return None
+    efficiency = cost.collective_efficiency(cluster)
+    return lambda links: collectives.level_part(links, cluster, efficiency)
+
+
+def least_part_shapes(part, top: int) -> list[int]:
+    """k = 1 and the k in 2..top of least `part(k)` = max(a(k), b(k)), a increasing (the NVLink share
+    (k - 1) / k) and b decreasing then constant (the NICs' 1 / min(k, C)): quasi-convex, so the least is at the
+    first k whose successor is no smaller (top if none), found by bisection."""
+    if top < 2:
+        return list(range(1, top + 1))
+    lo, hi = 2, top
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if part(mid + 1) >= part(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return [1, lo]
 
 
 def expert_layer_floor(instance, p, intra: float, inter: float, max_nodes: int, per_node_cap: int,
@@ -216,7 +252,7 @@ class Parts(KindBounds):
                 return cost.collective_time(kind, message, lk, self.instance.cluster, least=True)
 
             self._group_times[key] = best_group_time(one, n, self.intra, inter, self.max_nodes, cap, min_nodes,
-                                                     self.span)
+                                                     self.span, least_part(self.instance.cluster))
         return self._group_times[key]
 
     def dp_part_exposures(self, stage: int, layers: int, inter: float, min_nodes: int,
