@@ -37,8 +37,8 @@ from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
 from solvers.validation.memory_runs import over_capacity_runs, validate_memory_peaks
-from solvers.validation.report import (mode_label, print_ablation, print_few_shot, print_memory_peaks,
-                                       print_predicted_rows, print_rows, print_summary)
+from solvers.validation.report import (mode_label, print_ablation, print_few_shot, print_few_shot_pairs,
+                                       print_memory_peaks, print_predicted_rows, print_rows, print_summary)
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
@@ -182,8 +182,9 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--in-sample", action="store_true", help="the stored calibration (fitted on every "
                             "source) instead of leave-one-source-out")
         parser.add_argument("--rows", action="store_true", help="also the per-row table and the older row %% 3 split")
-        parser.add_argument("--few-shot", action="store_true", help="per source with >= 4 runs: calibrate on 2 of "
-                            "its runs (solve calibrate --output), predict the rest")
+        parser.add_argument("--few-shot", action="store_true", help="per source and GPU type with >= 4 runs: "
+                            "calibrate on 2 of its runs (solve calibrate --output), predict the rest; the quartile "
+                            "pair, and the median over every pair")
         parser.add_argument("--calibration", type=Path, help="a user calibration (solve calibrate --output) to apply")
         parser.add_argument("--ablation", action="store_true", help="also leave-one-source-out with each physics "
                             "term flipped in turn (one full cross-validation per term: several minutes)")
@@ -263,6 +264,7 @@ def _validate(args) -> int:
                                                                                    progress=progress, adjust=adjust)
     summary, bands = _held_out_summary(predictions, by_holdout)
     few = fewshot.few_shot_table(predictions) if args.few_shot else []
+    few_pairs = fewshot.every_pair_table([p for p in predictions if p.timed]) if args.few_shot else []
     if args.write_intervals:
         path = write_intervals(by_holdout, summary, mode, runs)
         print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
@@ -274,7 +276,8 @@ def _validate(args) -> int:
     peaks = {**validate_memory_peaks(), "ran_over_capacity": over_capacity_runs()} if args.runs is None else None
     if args.json:
         print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions, bands),
-                          "few_shot": few, "ablation": ablated, "rows": rows, "memory": memory, "memory_peaks": peaks},
+                          "few_shot": few, "few_shot_every_pair": few_pairs, "ablation": ablated, "rows": rows,
+                          "memory": memory, "memory_peaks": peaks},
                          indent=2, default=str))
         return 0
     if rows:
@@ -288,6 +291,7 @@ def _validate(args) -> int:
         print_predicted_rows(predictions, console)
     if few:
         print_few_shot(few, console)
+        print_few_shot_pairs(few_pairs, console)
     if ablated:
         print_ablation(ablated, console)
     return 0
