@@ -186,8 +186,8 @@ def interval_basis(group: str) -> str | None:
 
 def prediction_interval(iteration_time_s: float, group: str = POOLED) -> tuple[float, float] | None:
     """(p10, p90) of the measured iteration time for this prediction (interval_basis(group)'s quantiles); None
-    without stored residuals. A level beyond profiled never ends inside its precision group's profiled band:
-    the FP8 band's slow side reaches further than the symmetric bands do."""
+    without stored residuals. A level beyond profiled never ends inside its precision group's profiled band on
+    either side (the slow-leaning unprofiled band's fast end takes the profiled band's)."""
     basis = interval_basis(group)
     if basis is None:
         return None

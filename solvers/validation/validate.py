@@ -344,8 +344,8 @@ def _calibrate(args) -> int:
 
 def write_intervals(by_holdout: dict, summary: dict, mode: str, runs: list) -> Path:
     """Store the bands of every level of evidence (formulation/intervals.py): p10/p90 of log(predicted / measured)
-    held out by source, pooled and per precision group (profiled); the symmetric bands held out by cluster
-    (NEW_SETUP) and by stack (UNPROFILED); the band after calibrating on 2 runs; what each stack was measured on."""
+    held out by source, pooled and per precision group (profiled); the symmetric band held out by cluster
+    (NEW_SETUP) and the slow-leaning one held out by stack (UNPROFILED); the band after calibrating on 2 runs; what each stack was measured on."""
     predictions = by_holdout["source"]
     residuals = crossval.log_residuals(predictions)
     groups: dict[str, list[float]] = {}
