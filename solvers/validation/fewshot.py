@@ -3,10 +3,11 @@ per-iteration overhead) fitted on two or more measured runs of their cluster and
 
 The fit minimises the Huber loss of the log error of iteration time (robust to a run the model gets far wrong)
 plus a pull of each knob toward "no change" whose strength is how far clusters were seen to differ (an
-empirical prior, below), so that a knob moves as far as the runs speak for it. Measured on every pair and on subsets of 3, 4 and 6 runs of every visible cluster
-(docs/fewshot_pairs.py): from three runs on, three knobs beat the compute scale alone (4.6% against 5.5% with
-three, 3.4% against 4.4% with six). With two runs the two are within noise (4.1% against 4.4%, six of fourteen
-clusters above 5% either way), and two runs cannot tell a slower network from slower compute: a cluster 20%
+empirical prior, below), so that a knob moves as far as the runs speak for it. Measured on every pair and on
+subsets of 3, 4 and 6 runs of every visible cluster (docs/fewshot_pairs.py, docs/validation.md): from three runs
+on, three knobs beat the compute scale alone (4.3% against 4.5% with three, 3.2% against 4.3% with six). With two
+runs the compute scale alone is the better (4.2% against 4.7%, seven of nineteen clusters above 5% either way), and
+two runs cannot tell a slower network from slower compute: a cluster 20%
 slower in compute is read by three knobs as a network at 0.56 of its speed plus 40 ms of overhead (its other
 runs then 5-12% off), and recovered by the compute scale alone (tests/test_crossval.py). So fewer than three
 runs fit the compute scale only. The former fixed weak pull (0.05 on every knob) gave 5.9% with two runs,
