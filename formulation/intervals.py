@@ -17,9 +17,11 @@ what runs like it measured. Which runs are "like it" depends on what the visible
   runs predicted with nothing fitted on that stack (the Megatron-Core efficiency of their chip, what an unprofiled
   stack is planned with), so the band is the spread of efficiencies between the stacks, not within one.
 
-The NEW_SETUP and UNPROFILED bands are symmetric (+-p80 of |r|): which way an unmeasured stack or GPU departs is
-not known, only how far the measured ones did (solvers/validation/evidence.py, band); and never narrower than
-the profiled band of the estimate's precision group on either side. Every estimate carries its level and what is
+The NEW_SETUP band is symmetric (+-p80 of |r|): which way an unmeasured GPU or regime departs is not known, only
+how far the measured ones did (solvers/validation/evidence.py, band). The UNPROFILED band leans slow: every measured
+stack's runs shifted so that their median departure lies on the slow side, one vote per stack (evidence.stack_band;
+the decision and its coverage: docs/uncertainty.md). Neither is narrower than the profiled band of the estimate's
+precision group on either side. Every estimate carries its level and what is
 missing (`Estimate.interval_group`: a precision group, or `level+precision`; `interval_gaps`), and
 `interval_note` says it in one line with what would narrow it (docs/uncertainty.md)."""
 
@@ -184,8 +186,8 @@ def interval_basis(group: str) -> str | None:
 
 def prediction_interval(iteration_time_s: float, group: str = POOLED) -> tuple[float, float] | None:
     """(p10, p90) of the measured iteration time for this prediction (interval_basis(group)'s quantiles); None
-    without stored residuals. A level beyond profiled never ends inside its precision group's profiled band:
-    the FP8 band's slow side reaches further than the symmetric bands do."""
+    without stored residuals. A level beyond profiled never ends inside its precision group's profiled band on
+    either side (the slow-leaning unprofiled band's fast end takes the profiled band's)."""
     basis = interval_basis(group)
     if basis is None:
         return None
@@ -207,15 +209,18 @@ def interval_note(group: str, gaps: tuple[str, ...]) -> str | None:
     basis = interval_basis(group)
     if basis is None:
         return None
-    group = group.partition("+")[0]
+    full, group = group, group.partition("+")[0]
     data = stored()
     after = _half_width_pct(data.get("after_two_runs"))
     calibrate = (f"`solve calibrate --runs yours.csv --output cal.json` on 2 runs, then `--calibration cal.json`, "
                  f"narrows this to about +-{after} %")
     if group == UNPROFILED and basis == group:
         spread = data["levels"][UNPROFILED].get("stack_spread")
+        lo, hi = prediction_interval(1.0, full)
         return (f"{gaps[0]}: Megatron-Core efficiency assumed; measured stacks predicted so, with nothing fitted on "
-                f"them, were off by up to {100 * spread:.0f} % (median per stack); {calibrate}")
+                f"them, were off by up to {100 * spread:.0f} % (median per stack), and the band leans slow "
+                f"(T x {lo:.2f} to T x {hi:.2f}): the stacks measured so far run slower than Megatron-Core; "
+                f"{calibrate}")
     if group == NEW_SETUP and basis == group:
         return (f"{'; '.join(gaps)}: band of runs predicted with nothing fitted on their source nor on their "
                 f"stack's runs on their GPU; {calibrate}")

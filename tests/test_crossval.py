@@ -88,6 +88,24 @@ def test_few_shot_recovers_a_slower_cluster(a100_runs):
         assert predicted == pytest.approx(measured, rel=0.03)
 
 
+def test_every_pair_of_a_uniformly_slower_cluster_calibrates_the_rest(a100_runs):
+    """fewshot.every_pair_table (what `solve validate --few-shot` judges the two-run rule by): clusters that measure
+    exactly what the model predicts stay at 0 over every pair; clusters 20% slower in compute (a common factor, what
+    two runs can pin: 12-17% slower) come within 3% over every pair; one row per cluster (>= 4 runs), every pair."""
+    predictions = crossval.cross_validate(a100_runs, in_sample=True)
+    for scale, bound in ((1.0, 1e-3), (0.8, 0.03)):
+        truth = UserCalibration(compute_scale=scale)
+        synthetic = [dataclasses.replace(p, run=dataclasses.replace(p.run, measured_iter_s=evaluate(
+            apply_user_calibration(p.instance, truth), p.run.placement, check=False).iteration_time_s))
+            for p in predictions]
+        table = fewshot.every_pair_table(synthetic)
+        assert len(table) >= 2 and all(r["pairs"] == r["runs"] * (r["runs"] - 1) // 2 for r in table)
+        for r in table:
+            assert r["quartiles"][0] <= r["median_over_pairs"] <= r["quartiles"][1] and r["median_over_pairs"] < bound
+    before = [abs(p.iteration_time_s / s.run.measured_iter_s - 1) for p, s in zip(predictions, synthetic)]
+    assert min(before) > 0.1
+
+
 def test_two_contradicting_runs_move_the_knob_less_than_their_midpoint(a100_runs):
     """Huber's loss on each run's log error: one run as the model predicts and one 40% slower pull the compute
     scale less far than least squares would (their midpoint, shrunk by the prior), and a pair that agrees is

@@ -5,8 +5,8 @@ Re-running one: run the command at a new commit, paste its figures into the bloc
 from registry import recorded
 
 # docs/validation.md
-recorded("fewshot-rules-by-runs", "docs/validation.md", "python docs/fewshot_pairs.py", "6fa2ce3")
-recorded("fewshot-every-pair", "docs/validation.md", "python docs/fewshot_pairs.py --per-cluster", "6ff3680")
+recorded("fewshot-rules-by-runs", "docs/validation.md", "python docs/fewshot_pairs.py", "32ee563")
+recorded("fewshot-every-pair", "docs/validation.md", "python docs/fewshot_pairs.py --per-cluster", "32ee563")
 recorded("fewshot-disagreement", "docs/validation.md", "python docs/fewshot_pairs.py --disagreement", "b66c361")
 recorded("vendor-configs", "docs/validation.md", "python docs/vendor_configs.py", "3a218b3")
 

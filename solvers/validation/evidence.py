@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
+
 from formulation.inputs.gpus import gpu_catalog
+from formulation.inputs.job import DEFAULT_STACK
 from formulation.intervals import NEW_SETUP, POOLED, PROFILED, UNPROFILED, fabric, interval_group, regimes
 from solvers.validation import crossval
 from solvers.validation.calibrate import chip_of, with_parameters
@@ -37,13 +40,38 @@ def unit_of(by: str, p: Prediction) -> str:
 
 def band(level: str, residuals: list[float]) -> tuple[float, float]:
     """The 80% band of log(predicted / measured) a level takes from residuals: per precision, p10-p90 where the
-    stack is profiled; beyond it symmetric, +-p80 of |r|: which way a stack or GPU the model has not measured
-    departs is not known (held out by stack, Megatron-LM ran faster than the other stacks' efficiency predicts,
-    torchtitan and llm-foundry slower than Megatron's), only how far the measured ones departed."""
+    stack is profiled; for a new setup symmetric, +-p80 of |r|: which way a GPU or regime the model has not measured
+    for this stack departs is not known, only how far the measured ones departed. (An unprofiled stack's band is
+    `stack_band`: it needs the residuals per stack.)"""
     if level == PROFILED:
         return p10_p90(residuals)
     width = statistics.quantiles([abs(r) for r in residuals], n=10, method="inclusive")[7]
     return -width, width
+
+
+def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
+    """The q-quantile of weighted values: each value at the midpoint of its share of the cumulative weight,
+    linear between (Hazen's plotting position; with equal weights, the (i - 1/2) / n rule)."""
+    order = np.argsort(values, kind="stable")
+    v, w = np.asarray(values, float)[order], np.asarray(weights, float)[order]
+    position = (np.cumsum(w) - w / 2) / w.sum()
+    return float(np.interp(q, position, v))
+
+
+def stack_band(by_stack: dict[str, list[float]]) -> tuple[float, float]:
+    """The band of an unprofiled stack (held out by stack: each measured stack's runs predicted with nothing fitted
+    on it). A stack's runs measure two things: how far its efficiency lies from the one it was predicted with (their
+    median m, one draw of the spread between stacks) and how its runs spread about that (within the stack). The band
+    takes every measured stack's residuals shifted so that its median lies on the slow side (r - m - |m|): a stack
+    departs from Megatron-Core towards slow (the decision in docs/uncertainty.md: every measured stack runs slower than
+    Megatron-Core, and so did every unmeasured stack seen but one), as far as the measured stacks departed; each stack
+    weighs one (one draw of the between-stack spread, whatever its number of runs); p10 and p90."""
+    values, weights = [], []
+    for residuals in by_stack.values():
+        m = statistics.median(residuals)
+        values += [r - m - abs(m) for r in residuals]
+        weights += [1 / len(residuals)] * len(residuals)
+    return weighted_quantile(values, weights, 0.1), weighted_quantile(values, weights, 0.9)
 
 
 def band_group(level: str, p: Prediction) -> str:
@@ -54,10 +82,24 @@ def band_group(level: str, p: Prediction) -> str:
 def held_out_bands(level: str, predictions: list[Prediction]) -> dict[int, tuple[float, float]]:
     """Per timed run (by row): the level's band (`band`) of the other units' residuals of its band group (the
     pooled residuals where that group has fewer than MIN_GROUP_RUNS), from the level's own hold-out; a run whose
-    unit is the only one has no band."""
+    unit is the only one has no band. UNPROFILED: the `stack_band` of the other stacks; the reference stack
+    (Megatron-Core, what an unprofiled stack is planned as) held out is predicted with the slower stacks' efficiency,
+    the mirror case, and is scored against the mirrored band."""
     by = LEVEL_HOLDOUT[level]
     timed = [(unit_of(by, p), band_group(level, p), log_residual(p), p.run.row) for p in predictions if p.timed]
-    return other_units_bands(timed, lambda residuals: band(level, residuals))
+    if level != UNPROFILED:
+        return other_units_bands(timed, lambda residuals: band(level, residuals))
+    out = {}
+    for unit in sorted({u for u, *_ in timed}):
+        others: dict[str, list[float]] = {}
+        for u, _, r, _ in timed:
+            if u != unit:
+                others.setdefault(u, []).append(r)
+        if not others:
+            continue
+        lo, hi = stack_band(others)
+        out.update({row: (-hi, -lo) if unit == DEFAULT_STACK else (lo, hi) for u, _, _, row in timed if u == unit})
+    return out
 
 
 def coverage(predictions: list[Prediction], bands: dict[int, tuple[float, float]], key_of) -> dict:
@@ -100,15 +142,20 @@ def stack_spread(predictions: list[Prediction]) -> dict[str, float]:
 
 def level_quantiles(by_holdout: dict[str, list[Prediction]]) -> dict:
     """The stored bands of the levels beyond `profiled` (whose bands are the per-precision ones): NEW_SETUP from
-    the hold-out by cluster, UNPROFILED from the hold-out by stack, with the largest of the stacks' median errors
-    held out (`stack_spread`)."""
+    the hold-out by cluster, UNPROFILED (`stack_band`) from the hold-out by stack, with the largest of the stacks'
+    median errors held out (`stack_spread`)."""
     new = [log_residual(p) for p in by_holdout["cluster"] if p.timed]
-    unprofiled = [log_residual(p) for p in by_holdout["stack"] if p.timed]
+    by_stack: dict[str, list[float]] = {}
+    for p in by_holdout["stack"]:
+        if p.timed:
+            by_stack.setdefault(run_stack(p.run), []).append(log_residual(p))
+    lo, hi = stack_band(by_stack)
     spread = stack_spread(by_holdout["stack"])
     return {NEW_SETUP: quantiles(new, NEW_SETUP),
-            UNPROFILED: quantiles(unprofiled, UNPROFILED) | {
-                "stack_spread": round(max(abs(e) for e in spread.values()), 4),
-                "median_error_by_stack": {s: round(e, 4) for s, e in spread.items()}}}
+            UNPROFILED: {"log_residual_p10": round(lo, 6), "log_residual_p90": round(hi, 6),
+                         "runs": sum(len(r) for r in by_stack.values()),
+                         "stack_spread": round(max(abs(e) for e in spread.values()), 4),
+                         "median_error_by_stack": {s: round(e, 4) for s, e in spread.items()}}}
 
 
 def after_two_runs(predictions: list[Prediction]) -> dict:

@@ -3,10 +3,11 @@ per-iteration overhead) fitted on two or more measured runs of their cluster and
 
 The fit minimises the Huber loss of the log error of iteration time (robust to a run the model gets far wrong)
 plus a pull of each knob toward "no change" whose strength is how far clusters were seen to differ (an
-empirical prior, below), so that a knob moves as far as the runs speak for it. Measured on every pair and on subsets of 3, 4 and 6 runs of every visible cluster
-(docs/fewshot_pairs.py): from three runs on, three knobs beat the compute scale alone (4.6% against 5.5% with
-three, 3.4% against 4.4% with six). With two runs the two are within noise (4.1% against 4.4%, six of fourteen
-clusters above 5% either way), and two runs cannot tell a slower network from slower compute: a cluster 20%
+empirical prior, below), so that a knob moves as far as the runs speak for it. Measured on every pair and on
+subsets of 3, 4 and 6 runs of every visible cluster (docs/fewshot_pairs.py, docs/validation.md): from three runs
+on, three knobs beat the compute scale alone (4.3% against 4.5% with three, 3.2% against 4.3% with six). With two
+runs the compute scale alone is the better (4.2% against 4.7%, seven of nineteen clusters above 5% either way), and
+two runs cannot tell a slower network from slower compute: a cluster 20%
 slower in compute is read by three knobs as a network at 0.56 of its speed plus 40 ms of overhead (its other
 runs then 5-12% off), and recovered by the compute scale alone (tests/test_crossval.py). So fewer than three
 runs fit the compute scale only. The former fixed weak pull (0.05 on every knob) gave 5.9% with two runs,
@@ -105,20 +106,28 @@ def disagreement_warning(cal: UserCalibration) -> str | None:
             "plans you will compare (docs/validation.md)")
 
 
-def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int = 4) -> list[dict]:
-    """For every cluster of a source (its runs on one GPU type) with >= `min_runs` runs: calibrate on `shots`
-    of them on top of the cross-validated model, predict the others. The calibration runs are those at the
-    lower and upper quartile of measured time: they span the cluster's range as a user's first runs would,
-    without resting the fit on its most extreme configuration."""
-    out = []
-    clusters = sorted({(p.family, p.run.gpu_type) for p in predictions})
-    families = [family for family, _ in clusters]
+def clusters(predictions: list[Prediction], min_runs: int = 4) -> list[tuple[str, list[Prediction]]]:
+    """The clusters few-shot calibration is measured on: a source's runs on one GPU type, >= `min_runs` runs, each
+    sorted by measured time; named by the source (and GPU type where the source ran several)."""
+    keys = sorted({(p.family, p.run.gpu_type) for p in predictions})
+    families = [family for family, _ in keys]
     several_types = {family for family in families if families.count(family) > 1}
-    for family, gpu_type in clusters:
+    out = []
+    for family, gpu_type in keys:
         items = sorted((p for p in predictions if (p.family, p.run.gpu_type) == (family, gpu_type)),
                        key=lambda p: p.run.measured_iter_s)
-        if len(items) < min_runs:
-            continue
+        if len(items) >= min_runs:
+            out.append((f"{family} ({gpu_type})" if family in several_types else family, items))
+    return out
+
+
+def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int = 4) -> list[dict]:
+    """For every cluster (`clusters`): calibrate on `shots` of its runs on top of the cross-validated model,
+    predict the others. The calibration runs are those at the lower and upper quartile of measured time: they span
+    the cluster's range as a user's first runs would, without resting the fit on its most extreme configuration.
+    One pair of many a user could start from: `every_pair_table` is the measure."""
+    out = []
+    for name, items in clusters(predictions, min_runs):
         picks = sorted({round(q * (len(items) - 1)) for q in (0.25, 0.75)})[:shots]
         chosen = [items[i] for i in picks]
         rest = [p for p in items if p not in chosen]
@@ -126,11 +135,47 @@ def few_shot_table(predictions: list[Prediction], shots: int = 2, min_runs: int 
         after = [evaluate(apply_user_calibration(p.instance, cal), p.run.placement, check=False).iteration_time_s
                  for p in rest]
         errors = [a / p.run.measured_iter_s - 1 for a, p in zip(after, rest)]
-        name = f"{family} ({gpu_type})" if family in several_types else family
         out.append({"source": name, "predicted_runs": len(rest), "calibrated_on": [p.run.row for p in chosen],
                     "median_abs_error_before": statistics.median(abs(p.error) for p in rest),
                     "median_abs_error_after": statistics.median(abs(e) for e in errors),
                     "log_errors_after": [math.log1p(e) for e in errors],
                     "spearman_after": spearman(after, [p.run.measured_iter_s for p in rest]) if len(rest) >= 4
                     else None, "knobs": cal.to_dict()})
+    return out
+
+
+# every_pair_table tabulates each run's log iteration time at these log compute scales (linear between knots; the
+# fit's bounds are wider, but no visible pair fits beyond +-0.4) and fits each pair on FINE_LOG_C
+KNOT_LOG_C = np.linspace(-0.6, 0.6, 49)
+FINE_LOG_C = np.linspace(-0.6, 0.6, 1201)
+
+
+def tabulated_log_times(p: Prediction) -> np.ndarray:
+    """log(iteration time) of one prediction at FINE_LOG_C compute scales (the two-run rule's only knob)."""
+    knots = [math.log(evaluate(apply_user_calibration(p.instance, UserCalibration(math.exp(c))), p.run.placement,
+                               check=False).iteration_time_s) for c in KNOT_LOG_C]
+    return np.interp(FINE_LOG_C, KNOT_LOG_C, knots)
+
+
+def every_pair_table(predictions: list[Prediction], min_runs: int = 4) -> list[dict]:
+    """Per cluster (`clusters`), over every pair of its runs: the two-run rule (the compute scale alone, with
+    fit_user_calibration's Huber loss and pull, on a grid of the knob) fitted on the pair, the median |error| of
+    the cluster's other runs. A user may start from any two of their runs, so the figure of the procedure is the
+    median over pairs (with its quartiles and the share of pairs above 5 %), not one pair's."""
+    pull = (RUN_SPREAD / KNOB_SPREAD[0] * FINE_LOG_C) ** 2
+    out = []
+    for name, items in clusters(predictions, min_runs):
+        # per run: log(predicted / measured) at every compute scale of the grid
+        residuals = np.array([tabulated_log_times(p) - math.log(p.run.measured_iter_s) for p in items])
+        losses = huber_loss(residuals, HUBER_RUNS * RUN_SPREAD)
+        per_pair = []
+        for a in range(len(items)):
+            for b in range(a + 1, len(items)):
+                k = int(np.argmin(losses[a] + losses[b] + pull))
+                rest = [abs(math.expm1(residuals[j, k])) for j in range(len(items)) if j not in (a, b)]
+                per_pair.append(statistics.median(rest))
+        q1, median, q3 = np.percentile(per_pair, [25, 50, 75])
+        out.append({"source": name, "runs": len(items), "pairs": len(per_pair), "median_over_pairs": float(median),
+                    "quartiles": [float(q1), float(q3)],
+                    "share_of_pairs_above_5_percent": sum(e > 0.05 for e in per_pair) / len(per_pair)})
     return out

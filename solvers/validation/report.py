@@ -180,6 +180,25 @@ def print_few_shot(rows: list[dict], console: Console) -> None:
     console.print(table)
 
 
+def print_few_shot_pairs(rows: list[dict], console: Console) -> None:
+    """Every pair of each cluster (fewshot.every_pair_table): the figure the few-shot criterion is judged by."""
+    from statistics import median
+
+    table = _table_of("few-shot over every pair of each cluster: median |error| of the other runs",
+                      ["cluster", "runs", "pairs", "median over pairs", "quartiles", "pairs above 5 %"])
+    for r in rows:
+        table.add_row(r["source"], str(r["runs"]), str(r["pairs"]), _pct(r["median_over_pairs"]),
+                      f"{_pct(r['quartiles'][0])}-{_pct(r['quartiles'][1])}",
+                      f"{100 * r['share_of_pairs_above_5_percent']:.0f} %")
+    console.print(table)
+    if rows:
+        worst = max(rows, key=lambda r: r["median_over_pairs"])
+        console.print(f"median over {len(rows)} clusters {_pct(median(r['median_over_pairs'] for r in rows))}; "
+                      f"above 5 %: {sum(r['median_over_pairs'] > 0.05 for r in rows)}, above 8 %: "
+                      f"{sum(r['median_over_pairs'] > 0.08 for r in rows)}; largest {worst['source']} "
+                      f"{_pct(worst['median_over_pairs'])}")
+
+
 def print_ablation(rows: list[dict], console: Console) -> None:
     table = _table_of("ablation: leave-one-source-out with one physics term flipped",
                    ["term", "flipped to", "pooled |error|", "FP8 |error|", "memory |error|", "ran, called OOM",

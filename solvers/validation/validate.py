@@ -37,8 +37,9 @@ from solvers.validation.calibrate import chip_of
 from solvers.validation.crossval import spearman
 from solvers.validation.crossval import prediction_rows
 from solvers.validation.memory_runs import over_capacity_runs, validate_memory_peaks
-from solvers.validation.report import (mode_label, print_ablation, print_few_shot, print_memory_peaks,
-                                       print_predicted_rows, print_rows, print_speedups, print_summary)
+from solvers.validation.report import (mode_label, print_ablation, print_few_shot, print_few_shot_pairs,
+                                       print_memory_peaks, print_predicted_rows, print_rows, print_speedups,
+                                       print_summary)
 from solvers.validation.runs import DEFAULT_MEMORY, DEFAULT_RUNS, is_test_row, load_runs, resolve_runs_path
 
 GB = 1e9
@@ -184,8 +185,9 @@ def main(command: str, argv: list[str]) -> int:
         parser.add_argument("--in-sample", action="store_true", help="the stored calibration (fitted on every "
                             "source) instead of leave-one-source-out")
         parser.add_argument("--rows", action="store_true", help="also the per-row table and the older row %% 3 split")
-        parser.add_argument("--few-shot", action="store_true", help="per source with >= 4 runs: calibrate on 2 of "
-                            "its runs (solve calibrate --output), predict the rest")
+        parser.add_argument("--few-shot", action="store_true", help="per source and GPU type with >= 4 runs: "
+                            "calibrate on 2 of its runs (solve calibrate --output), predict the rest; the quartile "
+                            "pair, and the median over every pair")
         parser.add_argument("--calibration", type=Path, help="a user calibration (solve calibrate --output) to apply")
         parser.add_argument("--ablation", action="store_true", help="also leave-one-source-out with each physics "
                             "term flipped in turn (one full cross-validation per term: several minutes)")
@@ -267,6 +269,7 @@ def _validate(args) -> int:
                                                                                    progress=progress, adjust=adjust)
     summary, bands = _held_out_summary(predictions, by_holdout)
     few = fewshot.few_shot_table(predictions) if args.few_shot else []
+    few_pairs = fewshot.every_pair_table([p for p in predictions if p.timed]) if args.few_shot else []
     if args.write_intervals:
         path = write_intervals(by_holdout, summary, mode, runs)
         print(f"prediction interval written to {path}", file=sys.stderr)  # stdout may carry --json
@@ -278,7 +281,8 @@ def _validate(args) -> int:
     peaks = {**validate_memory_peaks(), "ran_over_capacity": over_capacity_runs()} if args.runs is None else None
     if args.json:
         print(json.dumps({"mode": mode, "summary": summary, "predictions": prediction_rows(predictions, bands),
-                          "few_shot": few, "ablation": ablated, "rows": rows, "memory": memory, "memory_peaks": peaks},
+                          "few_shot": few, "few_shot_every_pair": few_pairs, "ablation": ablated, "rows": rows,
+                          "memory": memory, "memory_peaks": peaks},
                          indent=2, default=str))
         return 0
     if rows:
@@ -293,6 +297,7 @@ def _validate(args) -> int:
     print_speedups(summary["paired_speedups"]["pairs"], console)
     if few:
         print_few_shot(few, console)
+        print_few_shot_pairs(few_pairs, console)
     if ablated:
         print_ablation(ablated, console)
     return 0
@@ -357,8 +362,8 @@ def _calibrate(args) -> int:
 
 def write_intervals(by_holdout: dict, summary: dict, mode: str, runs: list) -> Path:
     """Store the bands of every level of evidence (formulation/intervals.py): p10/p90 of log(predicted / measured)
-    held out by source, pooled and per precision group (profiled); the symmetric bands held out by cluster
-    (NEW_SETUP) and by stack (UNPROFILED); the band after calibrating on 2 runs; what each stack was measured on."""
+    held out by source, pooled and per precision group (profiled); the symmetric band held out by cluster
+    (NEW_SETUP) and the slow-leaning one held out by stack (UNPROFILED); the band after calibrating on 2 runs; what each stack was measured on."""
     predictions = by_holdout["source"]
     residuals = crossval.log_residuals(predictions)
     groups: dict[str, list[float]] = {}
