@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from formulation.physics.v_schedules import output_stage
 from formulation.physics import cost, moe_cost, recompute_modules, sharding
 from formulation.physics.memory import memory_coefficients
+from formulation.physics.v_schedules import output_stage
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ dense and MoE layers (docs/moe.md (E1)) W counts each kind's layers at their own
 
 from __future__ import annotations
 
-from formulation.physics.v_schedules import V_FAMILIES
 from formulation.physics import layer_kinds
 from formulation.physics.stage import stage_constants
+from formulation.physics.v_schedules import V_FAMILIES
 from formulation.space import Config, placement_for
 
 from solvers.bounds.levels import cluster_extremes, level_units, span_bandwidth
