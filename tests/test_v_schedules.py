@@ -9,7 +9,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from conftest import seeds_by_backend
+from conftest import AVAILABLE_BACKENDS, seeds_by_backend
 from test_schedules_exact import replace_gpus, schedule_instance, splits
 
 from formulation import evaluate, instance_from_dict
@@ -21,6 +21,10 @@ from formulation.space import configurations
 from solvers import solve
 
 SETS = 250
+
+
+def installed(name: str):
+    return pytest.mark.skipif(not AVAILABLE_BACKENDS.get(name), reason=f"{name} not installed")
 ALL = ["1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
 
 
@@ -29,30 +33,36 @@ def _simulated(family, pp, m, f, b, w, sends=None):
     return simulate(orders, pp, 2, "v", f, b, w, sends or [0.0] * pp)[0]
 
 
-def _stage_sets(rng, alike: bool):
+def _stage_sets(rng, alike: bool, evaluator: bool = False):
+    """Random (pp, m, F, B, W): W <= min(F, B), as (C15) makes it; `evaluator`: also B >= F, as every stage the
+    evaluator scores has (docs/schedules.md (S3))."""
     for _ in range(SETS):
         pp = rng.randint(2, 8)
         m = rng.randint(2 * pp, 4 * pp)
         n = 1 if alike else pp
-        w = [rng.uniform(0.1, 1.0) for _ in range(n)]  # W <= min(F, B), as (C15) makes it
+        w = [rng.uniform(0.1, 1.0) for _ in range(n)]
         f = [x + rng.uniform(0, 1.5) for x in w]
-        b = [x + rng.uniform(0, 1.5) for x in w]
+        b = [(y if evaluator else x) + rng.uniform(0, 1.5) for x, y in zip(w, f)]
         yield pp, m, (f * pp if alike else f), (b * pp if alike else b), (w * pp if alike else w)
 
 
 @pytest.mark.parametrize("family", v_schedules.V_FAMILIES)
 def test_closed_form_equals_simulation_on_uniform_stages(family):
-    """(S3) equals the simulation of torch's order to 1e-9 on 250 random (F, B, W) sets, stages alike, no sends."""
-    for pp, m, f, b, w in _stage_sets(random.Random(family), alike=True):
-        formula = v_schedules.pipeline_time(family, [x + y + z for x, y, z in zip(f, b, w)], f, w, m)[0]
-        assert formula == pytest.approx(_simulated(family, pp, m, f, b, w), rel=1e-9), (pp, m, f[0], b[0], w[0])
+    """(S3) equals the simulation of torch's order to 1e-9 on 250 random (F, B, W) sets, stages alike, no sends:
+    every form on any W <= min(F, B), and the evaluator's rows (`model_rows`) wherever also B >= F."""
+    for evaluator in (False, True):
+        for pp, m, f, b, w in _stage_sets(random.Random(family), alike=True, evaluator=evaluator):
+            t = [x + y + z for x, y, z in zip(f, b, w)]
+            formula = v_schedules.pipeline_time(family, t, f, w, m, exact=not evaluator)[0]
+            assert formula == pytest.approx(_simulated(family, pp, m, f, b, w), rel=1e-9), (pp, m, f[0], b[0], w[0])
 
 
 def largest_difference(family: str, seed: int = 0, sends: float = 0.0) -> tuple[float, float]:
-    """(largest over-estimate, largest under-estimate) of (S3) relative to the simulation, stages unlike; `sends`:
-    each boundary's send up to this share of the mean stage time, in the formula as (C10) (4 x the sum)."""
+    """(largest over-estimate, largest under-estimate) of the evaluator's (S3) relative to the simulation, stages
+    unlike (B >= F); `sends`: each boundary's send up to this share of the mean stage time, in the formula as
+    (C10) (4 x the sum)."""
     rng, over, under = random.Random(seed), float("-inf"), float("inf")
-    for pp, m, f, b, w in _stage_sets(rng, alike=False):
+    for pp, m, f, b, w in _stage_sets(rng, alike=False, evaluator=True):
         t = [x + y + z for x, y, z in zip(f, b, w)]
         c = [rng.uniform(0, sends) * sum(t) / pp for _ in range(pp)]
         formula = v_schedules.pipeline_time(family, t, f, w, m)[0] + 4 * sum(c[:pp - 1])
@@ -65,7 +75,7 @@ def largest_difference(family: str, seed: int = 0, sends: float = 0.0) -> tuple[
 def test_closed_form_against_simulation_on_unlike_stages(family):
     """A model, not an identity, with stages unlike: within the range docs/schedules.md gives."""
     over, under = largest_difference(family)
-    assert -0.15 < under <= 0 <= over < 0.25
+    assert -0.05 < under <= 0 <= over < 0.15
 
 
 @pytest.mark.parametrize("family", v_schedules.V_FAMILIES)
@@ -131,9 +141,12 @@ def test_search_with_v_schedules_free_equals_brute_force(seed, backend):
     assert result.solver.bound_s <= expected * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("seed,backend", seeds_by_backend([1, 3]))
+@pytest.mark.parametrize("seed,backend", [pytest.param(1, "cpsat", marks=installed("cpsat")),
+                                          pytest.param(3, "cbc", marks=installed("cbc"))])
 def test_v_programs_equal_the_evaluator(seed, backend):
-    """Every configuration's program, V ones included: objective = evaluator to 1e-6, cheap bound below."""
+    """Every configuration's program, V ones included: objective = evaluator to 1e-6, cheap bound below. (Seed 3
+    with CP-SAT is left out: at its linearization level 2 CP-SAT finds no solution of one ZBV program within a
+    minute, 2.7 GB, where level 1 closes it in 0.1 s; docs/schedules.md.)"""
     from test_exact import programs_match_evaluator
     instance = instance_from_dict(v_instance(seed))
     assert sum(c.schedule in v_schedules.V_FAMILIES for c in configurations(instance)) >= 2
@@ -170,7 +183,9 @@ def test_torchtitan_reads_a_v_schedule(small_instance):
         parts = model_parts(instance, p)
         assert [len([n for n in part if n.startswith("layers.")]) for part in parts] == [8, 12, 10, 10, 10, 10, 12, 8]
         assert "output" in parts[-1] and "tok_embeddings" in parts[0]
-        assert e.stages[0].weight_grad_s > e.stages[1].weight_grad_s  # rank 0 runs the output layer's GEMMs
+        looped = evaluate(instance, replace(p, schedule="1f1b"))  # the output layer's GEMMs move to rank 0
+        assert e.stages[0].weight_grad_s > looped.stages[0].weight_grad_s
+        assert e.stages[-1].weight_grad_s < looped.stages[-1].weight_grad_s
 
 
 def test_report_names_a_v_schedule_and_its_gain(small_instance):

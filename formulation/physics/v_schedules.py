@@ -39,9 +39,22 @@ def min_micro_batches(pp: int) -> int:
 def rows(family: str, pp: int) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
     """(alpha D, gamma D) of every row, D = 2 (pp - 1): integer (F, B, W) coefficients of the critical stage and
     of each other stage."""
-    if family == "zbv":
-        return [(tuple((pp - 1) * c for c in x), tuple((pp - 2) * c for c in y)) for x in X_ZBV for y in Y_ZBV]
+    if family == "zbv":  # (with pp = 2 the y forms drop out: one row per x)
+        pairs = [(tuple((pp - 1) * c for c in x), tuple((pp - 2) * c for c in y)) for x in X_ZBV for y in Y_ZBV]
+        return list(dict.fromkeys(pairs))
     return [(((1 - pp) * d, 0, 0), tuple((pp - 1) * c for c in form)) for form, d in L_DPV]
+
+
+def model_rows(family: str, pp: int) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """The rows the evaluator and the exact program use: `rows` less those no larger than another row whenever
+    B >= F on every stage, which the evaluator's stages always have (the backward is twice the forward's compute,
+    W <= F, and its communication comes on top): ZBV's x = f, 2f - b - w, f + b - 2w, 2f - 3w and y = 2f - b,
+    2f - 2w, DualPipeV's 2F - 2W. What is left weighs no stage time negatively (what the program needs)."""
+    keep_x = {(0, 2, -2), (0, 1, 0)}
+    if family == "zbv":
+        return list(dict.fromkeys((tuple((pp - 1) * c for c in x), tuple((pp - 2) * c for c in y))
+                                  for x in X_ZBV for y in Y_ZBV if x in keep_x and y in keep_x))
+    return [row for row, (form, _) in zip(rows(family, pp), L_DPV) if form != (2, 0, -2)]
 
 
 def scale(pp: int) -> int:
@@ -49,16 +62,18 @@ def scale(pp: int) -> int:
     return 2 * (pp - 1)
 
 
-def pipeline_time(family: str, times, forward, weight, num_micro_batches: int) -> tuple[float, int]:
-    """(S3) The schedule without sends: the largest row over critical stages k and forms; B = t - F - W. Returns
-    the time and the critical stage."""
+def pipeline_time(family: str, times, forward, weight, num_micro_batches: int, exact: bool = False
+                  ) -> tuple[float, int]:
+    """(S3) The schedule without sends: the largest row over critical stages k and forms (`model_rows`, or every
+    form with `exact`); B = t - F - W. Returns the time and the critical stage."""
     pp, D = len(times), scale(len(times))
     stages = [(f, t - f - w, w) for t, f, w in zip(times, forward, weight)]
     sums = [sum(s[c] for s in stages) for c in range(3)]
+    table = rows(family, pp) if exact else model_rows(family, pp)
     best, critical = float("-inf"), 0
     for k, own in enumerate(stages):
         others = [sums[c] - own[c] for c in range(3)]
-        extra = max(sum(a[c] * own[c] + g[c] * others[c] for c in range(3)) for a, g in rows(family, pp))
+        extra = max(sum(a[c] * own[c] + g[c] * others[c] for c in range(3)) for a, g in table)
         value = num_micro_batches * times[k] + extra / D
         if value > best:
             best, critical = value, k
@@ -68,7 +83,7 @@ def pipeline_time(family: str, times, forward, weight, num_micro_batches: int) -
 def bubble_alike(family: str, pp: int, forward: float, backward_input: float, weight: float) -> float:
     """The bubble with every stage alike (the maxima above), from the rows: what the simulation shows exactly."""
     t = forward + backward_input + weight
-    return pipeline_time(family, [t] * pp, [forward] * pp, [weight] * pp, 0)[0]
+    return pipeline_time(family, [t] * pp, [forward] * pp, [weight] * pp, 0, exact=True)[0]
 
 
 def order(family: str, rank: int, pp: int, m: int) -> list:

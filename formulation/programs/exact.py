@@ -386,9 +386,9 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
     prog.objective = {tau: v * m - 1, delta: v, opt: v, **{t: 1 for t in stage_time}}
     if c.schedule == "zero_bubble":  # (P12')
         zero_bubble_objective(b, stage_time, tau, v * m - 1)
-    elif c.schedule in v_schedules.V_FAMILIES:  # (P12'')
-        v_objective(b, stage_time, tau, m)
     for var, weight in chain.items():
         prog.objective[var] = v * weight
     prog.objective_constant += v * b.t(b.gpu_type.iteration_overhead_s)
     prog.objective_divisor = v
+    if c.schedule in v_schedules.V_FAMILIES:  # (P12''), the objective then taken times 2 (pp - 1)
+        v_objective(b, stage_time, tau, m)

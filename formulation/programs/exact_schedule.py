@@ -38,24 +38,21 @@ def total_weight_grad(b) -> float:
 
 
 def v_objective(b, stage_time: list[int], tau: int, m: int) -> None:
-    """(P12'') The V schedules (docs/schedules.md (S3)): a pipeline variable P with D P >= D m t_k + alpha . X_k +
+    """(P12'') The V schedules (docs/schedules.md (S3)): a variable DP >= D m t_k + alpha . X_k +
     gamma . sum_{j != k} X_j for every stage k and row (formulation/physics/v_schedules.py), X = (F, B, W) with
     B = t - F - W, F the forward's compute and W the weight gradient (both linear in the one-hot layer count);
-    P replaces (P12)'s tau and stage sum. Rows that would weigh a stage time negatively are left out: they are
-    the forms 2 F - B (ZBV), never above B since B >= F on every stage (the backward is twice the forward's
-    compute, less W <= F, plus its communication)."""
+    DP / D replaces (P12)'s tau and stage sum (the objective is taken times D). The rows are the evaluator's
+    (`v_schedules.model_rows`), none weighing a stage time negatively."""
     prog, pp = b.prog, b.c.pp
     D = v_schedules.scale(pp)
-    pipe = prog.var("P")
+    pipe = prog.var("DP")  # D P: a unit coefficient in every row
 
     def add(terms: dict, var: int, coef: float) -> None:
         terms[var] = terms.get(var, 0) + coef
 
     for k in range(pp):
-        for alpha, gamma in v_schedules.rows(b.c.schedule, pp):
-            if gamma[1] < 0:
-                continue
-            terms = {pipe: D}
+        for alpha, gamma in v_schedules.model_rows(b.c.schedule, pp):
+            terms = {pipe: 1}
             for i, t_i in enumerate(stage_time):
                 c = alpha if i == k else gamma
                 add(terms, t_i, -(D * m if i == k else 0) - c[1])
@@ -67,4 +64,7 @@ def v_objective(b, stage_time: list[int], tau: int, m: int) -> None:
     for t_i in stage_time:
         prog.objective.pop(t_i, None)
     prog.objective.pop(tau)
+    prog.objective = {var: D * coef for var, coef in prog.objective.items()}  # the objective times D
     prog.objective[pipe] = b.c.vpp
+    prog.objective_constant *= D
+    prog.objective_divisor *= D

@@ -99,7 +99,7 @@ def _v_objective(prog: Program, table: dict, lam: dict, m: int, placement: Place
         if prog.names[name].startswith(("tau", "t[")):
             prog.objective.pop(name)
     for k in range(pp):
-        for alpha, gamma in v_schedules.rows(placement.schedule, pp):
+        for alpha, gamma in v_schedules.model_rows(placement.schedule, pp):
             terms = {pipe: D}
             for (i, q), v in lam.items():
                 c, row = (alpha if i == k else gamma), table[(i, q)]
