@@ -49,11 +49,13 @@ def model_rows(family: str, pp: int) -> list[tuple[tuple[int, int, int], tuple[i
     """The rows the evaluator and the exact program use: `rows` less those no larger than another row whenever
     B >= F on every stage, which the evaluator's stages always have (the backward is twice the forward's compute,
     W <= F, and its communication comes on top): ZBV's x = f, 2f - b - w, f + b - 2w, 2f - 3w and y = 2f - b,
-    2f - 2w, DualPipeV's 2F - 2W. What is left weighs no stage time negatively (what the program needs)."""
-    keep_x = {(0, 2, -2), (0, 1, 0)}
-    if family == "zbv":
-        return list(dict.fromkeys((tuple((pp - 1) * c for c in x), tuple((pp - 2) * c for c in y))
-                                  for x in X_ZBV for y in Y_ZBV if x in keep_x and y in keep_x))
+    2f - 2w, DualPipeV's 2F - 2W. What is left weighs no stage time negatively (what the program needs). ZBV's
+    rows here spread x over the other stages as (S1) spreads its shares: m t_k + sum_{j != k} (x_j + (pp - 2)
+    y_j) / D, the same with stages alike and closer to the simulation with stages unlike (docs/schedules.md)."""
+    keep = ((0, 2, -2), (0, 1, 0))
+    if family == "zbv":  # each other stage j adds (x_j + (pp - 2) y_j) / D, the critical stage m t_k alone
+        return list(dict.fromkeys(((0, 0, 0), tuple(a + (pp - 2) * c for a, c in zip(x, y)))
+                                  for x in keep for y in keep))
     return [row for row, (form, _) in zip(rows(family, pp), L_DPV) if form != (2, 0, -2)]
 
 
