@@ -23,7 +23,8 @@ NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B",
          ("zero_bubble", False): "ZBH1", ("zero_bubble", True): "InterleavedZeroBubble",
          ("zbv", True): "ZBVZeroBubble", ("dualpipev", True): "DualPipeV"}
 def schedule_name(family: str, vpp: int) -> str:
-    return NAMES[(family, vpp > 1)]
+    """torch's name of the family at this vpp (a V family's name whatever vpp: check_placement refuses vpp != 2)."""
+    return NAMES.get((family, vpp > 1)) or NAMES.get((family, True), family)
 
 
 def allowed_families(names, vpp: int) -> list[str]:
