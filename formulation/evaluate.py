@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from formulation.physics import cost, layer_kinds, moe_cost, schedules, sharding
+from formulation.physics import cost, layer_kinds, moe_cost, schedules, sharding, v_schedules
 from formulation.physics.memory import StageMemory, memory_coefficients, stage_memory
 from formulation.intervals import (POOLED, evidence, interval_basis, interval_note, prediction_interval,
                                    slow_tail_share, stack_kind)
@@ -37,6 +37,8 @@ class StageEstimate:
     memory: StageMemory
     ep_comm_s: float = 0.0  # expert dispatch and combine per micro-batch (mixture-of-experts, docs/moe.md (E7))
     weight_grad_s: float = 0.0  # (C15) the weight-gradient GEMMs W inside backward_s (zero-bubble schedules)
+    # the forward's compute alone (layers and output layer, no communication): the V schedules' F (S3)
+    forward_compute_s: float = 0.0
 
     @property
     def time_per_micro_batch_s(self) -> float:
@@ -264,7 +266,7 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
         memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep,
-        weight_grad_s=k.weight_grad(layers))
+        weight_grad_s=k.weight_grad(layers), forward_compute_s=k.window_f(layers))
 
 
 def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: StageLinks) -> StageEstimate:
@@ -295,7 +297,8 @@ def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: Stage
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], sf.gpu_type),
         memory=_stage_memory(instance, full, i, layers, sf.gpus, plain=memory_coefficients(instance, plain, i),
-                             plain_layers=n_p), weight_grad_s=k.weight_grad(layers))
+                             plain_layers=n_p), weight_grad_s=k.weight_grad(layers),
+        forward_compute_s=k.window_f(layers))
 
 
 def _mixed_stage_estimate(instance, p: Placement, i: int, mix, sl: StageLinks) -> StageEstimate:
@@ -322,7 +325,7 @@ def _mixed_stage_estimate(instance, p: Placement, i: int, mix, sl: StageLinks) -
         dp_sync_s=dp_sync, dp_exposed_s=dp_exposed,
         optimizer_s=cost.optimizer_step_time(state / job.bytes_per_param_state[2], gpu_type),
         memory=_stage_memory(instance, p, i, mix.total, sl.gpus, mix.dense), ep_comm_s=per_kind("ep"),
-        weight_grad_s=k.weight_grad(mix))
+        weight_grad_s=k.weight_grad(mix), forward_compute_s=k.window_f(mix))
 
 
 def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -> tuple[float, float, int, float]:
@@ -330,10 +333,12 @@ def compose_iteration(instance, p: Placement, stages, boundaries, wrap: float) -
     pipeline boundary (`wrap`: last stage to first, interleaved schedules only). Returns the iteration time,
     the schedule's time, its critical stage and the send/receive chain."""
     m = p.num_micro_batches(instance.training.global_batch_size)
+    v_shaped = p.schedule in v_schedules.V_FAMILIES  # (S3): F is the forward's compute, the rest of t is B + W
     pipe, k = schedules.pipeline_time(p.schedule, [s.time_per_micro_batch_s for s in stages],
-                                      [s.forward_s for s in stages], [s.input_grad_s for s in stages],
-                                      [s.weight_grad_s for s in stages], m, p.vpp)  # (S1), (C9)
-    chain = cost.p2p_chain(boundaries, wrap if p.vpp > 1 else 0.0, m, p.pp, p.vpp)
+                                      [s.forward_compute_s if v_shaped else s.forward_s for s in stages],
+                                      [s.input_grad_s for s in stages],
+                                      [s.weight_grad_s for s in stages], m, p.vpp)  # (S1), (C9), (S3)
+    chain = cost.p2p_chain(boundaries, wrap if p.vpp > 1 and not v_shaped else 0.0, m, p.pp, p.vpp)
     overhead = max(instance.cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)
     total = iteration_time(pipe, chain, max(s.dp_exposed_s for s in stages), max(s.optimizer_s for s in stages),
                            overhead)  # (C14)
@@ -360,8 +365,9 @@ def evaluate(instance, placement: Placement | dict, check: bool = True) -> Estim
                    for bw, same in cluster.distinct_send_links(p.stage_gpus(a), p.stage_gpus(b)))
 
     boundaries = [boundary(j, j + 1) for j in range(p.pp - 1)]
+    wraps = p.vpp > 1 and p.schedule not in v_schedules.V_FAMILIES  # a V sends no wrap (S3)
     total, pipe, k, chain = compose_iteration(instance, p, stages, boundaries,
-                                              boundary(p.pp - 1, 0) if p.vpp > 1 else 0.0)
+                                              boundary(p.pp - 1, 0) if wraps else 0.0)
     dp_exposed = max(s.dp_exposed_s for s in stages)
     optimizer = max(s.optimizer_s for s in stages)
     overhead = max(cluster.gpu_types[s.gpu_type].iteration_overhead_s for s in stages)

@@ -40,7 +40,9 @@ class Config:
     # (E10)): each MoE layer's dispatch and combine beside the other micro-batch's compute
     moe_a2a_overlap: bool = field(default=False, kw_only=True)
     # pipeline schedule family (formulation/physics/schedules.py): "1f1b" (1F1B, interleaved with vpp > 1) or
-    # "zero_bubble" (ZB-H1, InterleavedZeroBubble with vpp > 1)
+    # "zero_bubble" (ZB-H1, InterleavedZeroBubble with vpp > 1), or the V-shaped "zbv" (ZBVZeroBubble) and
+    # "dualpipev" (DualPipeV), vpp = 2
+
     schedule: str = field(default="1f1b", kw_only=True)
     # sharded data parallelism (docs/model.md (M1)-(M3), (C11)-(C12), formulation/physics/sharding.py): dp =
     # dp_shard x dp_replicate; ZeRO states are sharded over dp_shard x cp ranks (torchtitan's dp_shard_cp mesh,
@@ -307,10 +309,7 @@ def check_placement(instance, p: Placement, file: str) -> None:
         bad("moe_a2a_overlap", f"expected true or false, got {p.moe_a2a_overlap!r}")
     if p.moe_a2a_overlap and (why := moe_overlap.problem(model, job, p)):
         bad("moe_a2a_overlap", why)
-    if p.schedule not in ("1f1b", "zero_bubble"):
-        bad("schedule", f"expected 1f1b or zero_bubble; got {p.schedule!r}")
-    if p.schedule != "1f1b" and p.pp < 2:
-        bad("schedule", "a zero-bubble schedule needs pp >= 2")
+    schedule_problem(model, job, p, bad)
     sharding_problem(model, p, bad)
     if p.vpp > 1:
         if p.pp < 2:
@@ -365,3 +364,23 @@ def check_experts(model, p: Config, bad) -> None:
         bad("ep", f"ep={p.ep} must divide the {moe.num_experts} experts")
     if moe.expert_ffn_hidden_size % p.etp:
         bad("etp", f"etp={p.etp} must divide the expert FFN width {moe.expert_ffn_hidden_size}")
+
+
+def schedule_problem(model, job, p, bad) -> None:
+    """The schedule family exists and fits the placement (docs/schedules.md): pp >= 2 beyond 1F1B; the V-shaped
+    ones with vpp = 2 (two chunks per rank), m >= 2 pp and a model of one layer kind (the V's layer-to-rank map of
+    dense and MoE layers is not encoded)."""
+    from formulation.physics import layer_kinds, v_schedules
+    from formulation.physics.schedules import FAMILIES
+    if p.schedule not in FAMILIES:
+        bad("schedule", f"expected one of {', '.join(FAMILIES)}; got {p.schedule!r}")
+    if p.schedule != "1f1b" and p.pp < 2:
+        bad("schedule", f"schedule {p.schedule} needs pp >= 2")
+    if p.schedule in v_schedules.V_FAMILIES:
+        if p.vpp != 2:
+            bad("schedule", f"schedule {p.schedule} runs two chunks per rank: vpp must be 2, got {p.vpp}")
+        m, least = p.num_micro_batches(job.global_batch_size), v_schedules.min_micro_batches(p.pp)
+        if m < least:
+            bad("schedule", f"schedule {p.schedule} needs at least 2 x pp = {least} micro-batches, got {m}")
+        if layer_kinds.is_mixed(model):
+            bad("schedule", f"schedule {p.schedule} is searched for models of one layer kind (dense or all-MoE)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from formulation.errors import Section
 from formulation.inputs.frameworks import stack_schedules
+from formulation.physics.schedules import FAMILIES
 from formulation.inputs.job import RECOMPUTE_CHOICES, ZERO_STAGES
 from formulation.placement import Placement, check_placement, even_split
 
@@ -21,7 +22,7 @@ def placement_from_dict(data: dict, instance, file: str) -> Placement:
     recompute = sec.string("recompute", default="none", choices=RECOMPUTE_CHOICES)
     recompute_num_layers = sec.integer("recompute_num_layers", default=0, minimum=0)
     a2a_overlap = sec.boolean("moe_a2a_overlap", default=False)
-    schedule = sec.string("schedule", default="1f1b", choices=("1f1b", "zero_bubble"))
+    schedule = sec.string("schedule", default="1f1b", choices=FAMILIES)
     dp_replicate = sec.integer("dp_replicate", default=1, minimum=1)
     reshard = sec.boolean("reshard_after_forward", default=True)
     if sec.has("zero_stage") and sec.data["zero_stage"] is None:  # null is not "leave it out"

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Iterator
 
 from formulation.physics import layer_kinds, moe_overlap
+from formulation.physics import layer_kinds, v_schedules
 from formulation.physics.schedules import allowed_families
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.inputs.frameworks import config_problem
@@ -68,6 +69,11 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
                 continue
             # the schedule families the job allows at this vpp (1F1B alone without pipeline parallelism)
             families = allowed_families(job.pipeline_schedules, vpp) if pp > 1 else ["1f1b"]
+            # (S3): m >= 2 pp, one layer kind, one GPU type (the bounds of clusters of several types, (B5), do not
+            # encode the V's chain and output layer)
+            if m < v_schedules.min_micro_batches(pp) or layer_kinds.is_mixed(model) or \
+                    len(instance.cluster.gpu_types) > 1:
+                families = [f for f in families if f not in v_schedules.V_FAMILIES]
             for recompute in job.recompute:
                 for zero in job.zero_stage:
                     if zero >= 2 and model.moe is not None:  # Megatron-Core shards experts with its

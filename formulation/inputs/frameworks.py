@@ -25,15 +25,14 @@ FRAMEWORKS = ("megatron", "torchtitan")
 # Pipeline schedules by torch.distributed.pipelining's names (torchtitan's parallelism.pipeline_parallel_schedule;
 # docs/schedules.md). ZBH1 is the zero-bubble schedule with one chunk per rank (Qi et al. 2024), which no stack
 # here runs (torchtitan runs multi-stage schedules with >= 2 stages per rank); the V-shaped ZBVZeroBubble and
-# DualPipeV are simulated, not searched.
-SEARCHED_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBH1", "InterleavedZeroBubble")
-SIMULATED_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+# DualPipeV with two chunks per rank (vpp 2).
+SEARCHED_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBH1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 # What each stack runs: Megatron-Core 0.16 1F1B and interleaved 1F1B (its --delay-wgrad-compute defers only the
 # MoE layers' weight gradients inside them, with the expert all-to-all overlap); torchtitan every searched one
 # but ZBH1. torchtitan refuses the zero-bubble schedules on torch.compile'd stages
 # (torch.distributed.pipelining's _check_torch_compile_compatibility).
 STACK_SCHEDULES = {"megatron": ("1F1B", "Interleaved1F1B"),
-                   "torchtitan": ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble")}
+                   "torchtitan": ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")}
 COMPILE_REFUSES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
 

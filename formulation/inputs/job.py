@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from formulation.inputs.mxfp8 import RECIPES
 from formulation.errors import Section
-from formulation.inputs.frameworks import (FRAMEWORKS, SEARCHED_SCHEDULES, SIMULATED_SCHEDULES, framework_zero_stages,
+from formulation.inputs.frameworks import (FRAMEWORKS, SEARCHED_SCHEDULES, framework_zero_stages,
                                            stack_schedules)
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -290,11 +290,8 @@ def _with_schedules(sec: Section, job: TrainingJob) -> TrainingJob:
     runs = stack_schedules(job.software_stack, job.torch_compile)
     if not sec.has("pipeline_schedules"):
         return replace(job, pipeline_schedules=runs)
-    names = _choices(sec, "pipeline_schedules", SEARCHED_SCHEDULES + SIMULATED_SCHEDULES, (), str)
+    names = _choices(sec, "pipeline_schedules", SEARCHED_SCHEDULES, (), str)
     for name in names:
-        if name in SIMULATED_SCHEDULES:
-            raise sec.error("pipeline_schedules", f"{name} is simulated (docs/schedules.md) but has no closed form "
-                                                  f"the search can use; expected choices from {list(runs)}")
         if name not in runs:
             raise sec.error("pipeline_schedules", f"software_stack {job.software_stack} does not run {name}"
                                                   f"{' with torch_compile' if job.torch_compile else ''}; it runs "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from formulation.inputs.mxfp8 import SCALE_BYTES_PER_ELEMENT
 from formulation.physics import cost, layer_kinds, moe_cost, moe_memory, moe_overlap, recompute_modules, sharding
 from formulation.physics.schedules import in_flight_layer_microbatches, in_flight_micro_batches
+from formulation.physics.v_schedules import output_stage
 from formulation.inputs.job import DEEPSPEED, DEEPSPEED_BUCKET_ELEMENTS, PYTORCH_STACKS
 
 GIB = float(1 << 30)
@@ -240,7 +241,8 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     fixed_params = 0.0
     if stage == 0:
         fixed_params += model.embedding_params / p.tp
-    if stage == p.pp - 1:
+    last = output_stage(getattr(p, "schedule", "1f1b"), p.pp)  # the last chunk's rank: 0 in a V (S3)
+    if stage == last:
         fixed_params += model.output_params / p.tp + model.hidden_size
     # (M1)-(M3) weights, gradients, optimizer state
     w_div, g_div, o_div = sharding.state_divisors(p)  # over dp_shard x cp (Megatron's distributed optimizer: dp x cp)
@@ -266,7 +268,7 @@ def _memory_coefficients(instance, p, stage: int, kind: str | None) -> MemoryCoe
     if stage == 0 and model.dropout:  # embedding dropout mask; its output is the first layer's (counted) input
         act_fixed += in_flight_micro_batches(stage, p.pp, p.vpp, m, schedule, extra) * sbh / sp
     buf_fixed = 0.0
-    if stage == p.pp - 1:  # final norm and output-layer inputs; the logits and the loss's buffers
+    if stage == last:  # final norm and output-layer inputs; the logits and the loss's buffers
         act_fixed += 4 * sbh / sp
         buf_fixed += seq * p.micro_batch_size * model.vocab_size / p.tp * loss_bytes_per_logit(job, p)
     activations = (act_fixed, kept * per_layer_units)

@@ -22,6 +22,16 @@ def one_f_one_b(rank: int, pp: int, m: int) -> list[Op]:
     return ops + [("B", rank, k) for k in range(m - warmup, m)]
 
 
+def peak_held(order: list[Op]) -> int:
+    """The most chunks a rank has forwarded whose weight gradient (W, or the whole backward B) has not run, along
+    its `order`: the activations it holds at its peak (docs/schedules.md (S4))."""
+    held = peak = 0
+    for kind, _, _ in order:
+        held += 1 if kind == "F" else -1 if kind in ("W", "B") else 0
+        peak = max(peak, held)
+    return peak
+
+
 def _warmup(rank: int, vpp: int, per_round: int, pp: int, m: int, factor: int) -> int:
     """torch's `_get_warmup_ops`."""
     return min((vpp - 1) * per_round + factor * (pp - 1 - rank), m * vpp)

@@ -4,30 +4,34 @@ weight-gradient backward W, and the activations each keeps in flight (S4).
 
 A configuration's `schedule` is a family: "1f1b" (1F1B, or Megatron's interleaved 1F1B with vpp > 1, as before)
 or "zero_bubble" (ZB-H1 with vpp = 1, torch's InterleavedZeroBubble with vpp > 1: the backward split into B and
-W, W deferred into the bubble). torchtitan's V-shaped ZBVZeroBubble and DualPipeV are simulated
-(formulation/physics/pipeline_sim.py) but not searched: their steady state is no closed form of F, B, W
-(docs/schedules.md says what the simulation shows).
+W, W deferred into the bubble), or one of torchtitan's V-shaped schedules with two chunks per rank (vpp = 2, rank r
+holding virtual stages r and 2 pp - 1 - r): "zbv" (ZBVZeroBubble) and "dualpipev" (DualPipeV), whose time (S3) is
+the maximum of a few linear forms of F, B, W (formulation/physics/v_schedules.py).
 """
 
 from __future__ import annotations
 
 import math
 
-from formulation.physics import cost, moe_cost, schedule_orders
+from formulation.physics import cost, moe_cost, schedule_orders, v_schedules
 
-FAMILIES = ("1f1b", "zero_bubble")
+FAMILIES = ("1f1b", "zero_bubble") + v_schedules.V_FAMILIES
 # the schedule names torch.distributed.pipelining (torchtitan's parallelism.pipeline_parallel_schedule) uses,
 # by (family, interleaved); ZB-H1 (one chunk per rank) has no torchtitan name: torchtitan runs its multi-stage
 # schedules with at least two stages per rank
 NAMES = {("1f1b", False): "1F1B", ("1f1b", True): "Interleaved1F1B",
-         ("zero_bubble", False): "ZBH1", ("zero_bubble", True): "InterleavedZeroBubble"}
+         ("zero_bubble", False): "ZBH1", ("zero_bubble", True): "InterleavedZeroBubble",
+         ("zbv", True): "ZBVZeroBubble", ("dualpipev", True): "DualPipeV"}
 def schedule_name(family: str, vpp: int) -> str:
-    return NAMES[(family, vpp > 1)]
+    """torch's name of the family at this vpp (a V family's name whatever vpp: check_placement refuses vpp != 2)."""
+    return NAMES.get((family, vpp > 1)) or NAMES.get((family, True), family)
 
 
 def allowed_families(names, vpp: int) -> list[str]:
-    """The families whose schedule at this vpp is among `names` (training.pipeline_schedules)."""
-    return [f for f in FAMILIES if NAMES[(f, vpp > 1)] in names]
+    """The families whose schedule at this vpp is among `names` (training.pipeline_schedules); the V-shaped ones
+    at vpp = 2 only (two chunks per rank)."""
+    return [f for f in FAMILIES if (f, vpp > 1) in NAMES and NAMES[(f, vpp > 1)] in names
+            and (f not in v_schedules.V_FAMILIES or vpp == 2)]
 
 
 def bubble_share(family: str, forward: float, backward_input: float, weight: float, vpp: int) -> float:
@@ -47,6 +51,8 @@ def pipeline_time(family: str, times, forward, backward_input, weight, num_micro
     (cost.pipeline_time, the same floats); returns the time and the critical stage k."""
     if family == "1f1b":
         return cost.pipeline_time(list(times), num_micro_batches, vpp)
+    if family in v_schedules.V_FAMILIES:
+        return v_schedules.pipeline_time(family, times, forward, weight, num_micro_batches)
     shares = [bubble_share(family, f, b, w, vpp) for f, b, w in zip(forward, backward_input, weight)]
     bubble = sum(shares)
     totals = [num_micro_batches * t + bubble - s for t, s in zip(times, shares)]
@@ -63,12 +69,9 @@ def in_flight_chunks(family: str, stage: int, pp: int, vpp: int, m: int) -> int:
         if vpp == 1:
             return min(pp - stage, m)
         return min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
-    order = schedule_orders.looped(stage, pp, m, vpp, zero_bubble=True)
-    held = peak = 0
-    for kind, _, _ in order:
-        held += 1 if kind == "F" else -1 if kind in ("W", "B") else 0
-        peak = max(peak, held)
-    return peak
+    if family in v_schedules.V_FAMILIES:
+        return v_schedules.in_flight_chunks(family, stage, pp, m)
+    return schedule_orders.peak_held(schedule_orders.looped(stage, pp, m, vpp, zero_bubble=True))
 
 
 def in_flight_layer_microbatches(stage: int, pp: int, vpp: int, num_micro_batches: int, layers: int,

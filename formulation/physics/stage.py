@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from formulation.physics import cost, moe_cost, recompute_modules, sharding
 from formulation.physics.memory import memory_coefficients
+from formulation.physics.v_schedules import output_stage
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
     return StageConstants(
         f_compute=lt.forward, b_compute=b_compute, matmul_fwd=lt.matmul_fwd, attention_fwd=lt.attention_fwd,
         recompute_passes=rp, ep_recompute_passes=recompute_modules.ep_passes(job, p), tp_recompute_passes=tp_rp,
-        output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == p.pp - 1 else 0.0,
+        output_fwd=cost.output_layer_forward(model, job, p, gpu_type) if stage == output_stage(getattr(p, "schedule", "1f1b"), p.pp) else 0.0,
         params_fixed=c.weights[0] / w_bytes * unshard, params_per_layer=per_layer,
         layer_params=model.layer_matmul_params / p.tp + model.layer_norm_params, expert_params_per_layer=experts,
         backward_gathers_exposed=(p.zero_stage >= 3 and job.fsdp_backward_prefetch == "post"

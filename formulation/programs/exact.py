@@ -16,13 +16,13 @@ import math
 from fractions import Fraction
 
 
-from formulation.physics import cost, layer_kinds, sharding
+from formulation.physics import cost, layer_kinds, sharding, v_schedules
 from formulation.physics.cost import GroupLinks
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
                                                  expert_sync_time, symmetry_breaking)
 from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables, sync_time
-from formulation.programs.exact_schedule import zero_bubble_objective
+from formulation.programs.exact_schedule import v_objective, zero_bubble_objective
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
@@ -342,7 +342,8 @@ def _p2p_chain(b: _Builder) -> dict[int, float]:
     message = cost.activation_message_bytes(inst.model, inst.training, tpl) / sp
     m = tpl.num_micro_batches(inst.training.global_batch_size)
     rounds = math.ceil(m / c.pp) if c.vpp == 1 else 1
-    boundaries = [(j, j + 1) for j in range(c.pp - 1)] + ([(c.pp - 1, 0)] if c.vpp > 1 else [])
+    wraps = c.vpp > 1 and c.schedule not in v_schedules.V_FAMILIES  # a V sends no wrap (S3)
+    boundaries = [(j, j + 1) for j in range(c.pp - 1)] + ([(c.pp - 1, 0)] if wraps else [])
     weights: dict[int, float] = {}
     for a, z in boundaries:
         var = prog.var(f"c[{a}->{z}]")
@@ -389,3 +390,5 @@ def _objective(b: _Builder, stage_time: list[int], dp_exposed: list, chain: dict
         prog.objective[var] = v * weight
     prog.objective_constant += v * b.t(b.gpu_type.iteration_overhead_s)
     prog.objective_divisor = v
+    if c.schedule in v_schedules.V_FAMILIES:  # (P12''), the objective then taken times 2 (pp - 1)
+        v_objective(b, stage_time, tau, m)

@@ -13,6 +13,7 @@ import numpy as np
 from formulation.physics import collectives, cost, layer_kinds, moe_cost
 from formulation.physics.cost import GroupLinks
 from formulation.physics.schedules import weight_grad_ceiling
+from formulation.physics.v_schedules import V_FAMILIES, output_stage
 from formulation.placement import even_split
 from formulation.space import Config, partition_fits, placement_for
 from formulation.physics.sharding import layer_replica_bytes, replica_messages
@@ -160,6 +161,8 @@ class Parts(KindBounds):
         """(C9) m M + (S - M) / vpp from a least slowest stage M and a least stage sum S; INF where M is."""
         if M == INF:
             return INF
+        if self.config.schedule in V_FAMILIES:  # (S3): every row is at least m t_k (its other terms >= 0)
+            return self.m * M
         if self.config.schedule == "zero_bubble":  # (S1): every stage off the critical one saves 2 W_j <= 2 W_total
             return self.m * M + max(0.0, max(S, M) - M - 2 * weight_grad_ceiling(self.instance, self.placement)) \
                 / self.config.vpp
@@ -189,13 +192,14 @@ class Parts(KindBounds):
         """(C10) with one send time per boundary: sends[j] between stages j and j + 1, sends[P - 1] the wrap
         (if interleaved)."""
         P, v = self.config.pp, self.config.vpp
-        wrap = sends[P - 1] if len(sends) >= P else 0.0
+        wrap = sends[P - 1] if len(sends) >= P and self.config.schedule not in V_FAMILIES else 0.0
         return self.rounds * 2 * (v * sum(sends[:P - 1]) + (v - 1) * wrap) if P > 1 else 0.0
 
     def boundaries(self) -> list[tuple[int, int]]:
         """The stage pairs that send to each other: (j, j + 1), and (P - 1, 0) when interleaved (the wrap)."""
         P = self.config.pp
-        return [(j, j + 1) for j in range(P - 1)] + ([(P - 1, 0)] if self.config.vpp > 1 and P > 1 else [])
+        wraps = self.config.vpp > 1 and self.config.schedule not in V_FAMILIES  # a V sends no wrap (S3)
+        return [(j, j + 1) for j in range(P - 1)] + ([(P - 1, 0)] if wraps and P > 1 else [])
 
     def distinct_stages(self) -> list[int]:
         """One stage per kind: the first, the last, and per distinct memory cap one of the stages between (they
@@ -345,7 +349,8 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
     intra, inter = cluster_extremes(cluster)
     max_nodes, cap = level_units(cluster)
     first = stage_constants(instance, p, 0, gpu_type)
-    last = stage_constants(instance, p, config.pp - 1, gpu_type)
+    out_stage = output_stage(config.schedule, config.pp)  # the output layer's rank: 0 in a V (S3)
+    last = stage_constants(instance, p, out_stage, gpu_type)
     span = span_bandwidth(cluster)
     whole_tp = whole_tp and config.tp <= cap
     dp_cap = cap // config.tp if whole_tp else cap  # members of one dp (or cp) group on a node
@@ -381,7 +386,7 @@ def stage_parts(instance, config: Config, whole_tp: bool = False, caps: list[int
             c_min = min(c_inter, cost.p2p_time(message, intra, True, cluster))
         rounds = math.ceil(m / P) if v == 1 else 1
     return Parts(instance=instance, config=config, placement=p, gpu_type=gpu_type, intra=intra, inter=inter,
-                  max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[0.0] * (P - 1) + [3 * last.output_fwd],
+                  max_nodes=max_nodes, per_node_cap=cap, caps=caps, extras=[3 * last.output_fwd if i == out_stage else 0.0 for i in range(P)],
                   m=m, tp=tp, cp=cp, ag=ag, rs=rs, u=u, c_min=c_min, rounds=rounds,
                   optimizer=least_optimizer_step(instance, p, gpu_type), span=span, dp_cap=dp_cap, c_inter=c_inter,
                   ep=ep, edp_cap=edp_cap, dense_layers=dense_layers, kinds=kinds)

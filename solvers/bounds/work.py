@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from formulation.physics import layer_kinds
 from formulation.physics.stage import stage_constants
+from formulation.physics.v_schedules import V_FAMILIES
 from formulation.space import Config, placement_for
 
 from solvers.bounds.levels import cluster_extremes, level_units, span_bandwidth
@@ -82,5 +83,7 @@ class WorkBound:
         P, v = config.pp, config.vpp
         # zero bubble (S1): (m - 1/v) t_max + sum_j (t_j - 2 W_j) / v, and W_j <= t_j / 3 (W <= F, W <= B)
         bubble = (P - 1) / v if config.schedule == "1f1b" else (P / 3 - 1) / v
+        if config.schedule in V_FAMILIES:  # (S3): no bubble term kept (every row is at least m t_k)
+            bubble = 0.0
         pipe = self.work(config) / P * (m + bubble)
         return (pipe + self._overhead) * _SAFETY

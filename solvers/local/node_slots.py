@@ -41,6 +41,7 @@ import numpy as np
 
 from formulation.evaluate import evaluate, pipeline_message, pipeline_send, stage_estimate, stage_links
 from formulation.physics import cost, moe_cost
+from formulation.physics.v_schedules import V_FAMILIES
 from formulation.space import placement_for
 
 from solvers.local.annealing import CALIBRATION_MOVES, FINAL_TEMPERATURE_RATIO  # the annealer's schedule
@@ -111,8 +112,9 @@ def _tables(instance, base, K: int) -> SlotTables:
         exposed.append(tuple(tuple(r) for r in row))
     # (C10) is linear in the boundary times: each one's weight is the chain of a unit time there and 0 elsewhere
     m = base.num_micro_batches(instance.training.global_batch_size)
-    weights = tuple(cost.p2p_chain([float(j == k) for j in range(pp - 1)], float(k == pp - 1), m, pp, base.vpp)
-                    for k in range(pp))
+    wraps = base.schedule not in V_FAMILIES  # a V sends no wrap (docs/schedules.md (S3))
+    weights = tuple(cost.p2p_chain([float(j == k) for j in range(pp - 1)], float(k == pp - 1 and wraps), m, pp,
+                                   base.vpp) for k in range(pp))
     return SlotTables(K, pp, tuple(tuple(r) for r in send), tuple(exposed), weights, 0.0)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from formulation.evaluate import evaluate, stage_estimate, stage_links
-from formulation.physics import layer_kinds
+from formulation.physics import layer_kinds, v_schedules
 from formulation.placement import Placement
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
@@ -62,6 +62,8 @@ def best_partition(instance, placement: Placement, solver: str = "cpsat", time_l
         prog.add({t_i: 1, **{v: -table[(j, q)][0] / unit for (j, q), v in lam.items() if j == i}}, ">=", 0,
                  "stage time")
         prog.objective[t_i] = 1
+    if placement.schedule in v_schedules.V_FAMILIES:  # (S3), docs/programs.md (P12'')
+        _v_objective(prog, table, lam, m, placement)
     prog.objective_constant = vpp * (chain + overhead) / unit
     prog.objective_divisor = vpp
     prog.tighten_upper_bounds()
@@ -88,6 +90,26 @@ def _zero_bubble_objective(prog: Program, table: dict, lam: dict, weight: int, p
         prog.objective[w_i] = -2
 
 
+def _v_objective(prog: Program, table: dict, lam: dict, m: int, placement: Placement) -> None:
+    """(S3) D P >= every row (formulation/physics/v_schedules.py) over the stages' tabled (t, F, W), linear in the
+    one-hot layer counts; P replaces tau and the stage sum in the objective."""
+    pp, unit = placement.pp, prog.time_unit_s
+    D, pipe = v_schedules.scale(pp), prog.var("P")
+    for name in [v for v in list(prog.objective) if v != pipe]:
+        if prog.names[name].startswith(("tau", "t[")):
+            prog.objective.pop(name)
+    for k in range(pp):
+        for alpha, gamma in v_schedules.model_rows(placement.schedule, pp):
+            terms = {pipe: D}
+            for (i, q), v in lam.items():
+                c, row = (alpha if i == k else gamma), table[(i, q)]
+                t, f, w = row[0], row[4], row[3]
+                value = (D * m * t if i == k else 0.0) + c[0] * f + c[1] * (t - f - w) + c[2] * w
+                terms[v] = terms.get(v, 0.0) - value / unit
+            prog.add(terms, ">=", 0, "V schedule row")
+    prog.objective[pipe] = placement.vpp
+
+
 def _count_table(instance, placement: Placement) -> tuple[dict, tuple]:
     """{(stage, q): (time, exposed dp sync, optimizer)} for every layer count q that fits, from the evaluator
     run with every stage at q layers; (chain, overhead, micro-batches), which the partition does not change."""
@@ -97,7 +119,8 @@ def _count_table(instance, placement: Placement) -> tuple[dict, tuple]:
         est = evaluate(instance, dataclasses.replace(placement, layers_per_stage=(q,) * pp), check=False)
         for s in est.stages:
             if s.memory.fits:
-                table[(s.stage, q)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s, s.weight_grad_s)
+                table[(s.stage, q)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s, s.weight_grad_s,
+                                           s.forward_compute_s)
     return table, (est.breakdown["pp_comm_s"], est.breakdown["overhead_s"], est.num_micro_batches)
 
 
@@ -111,6 +134,7 @@ def _mix_table(instance, placement: Placement) -> tuple[dict, tuple]:
         for mix in layer_kinds.possible_mixes(model, pp, vpp, i):
             s = stage_estimate(instance, placement, i, mix.total, links, mix)
             if s.memory.fits:
-                table[(i, mix)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s, s.weight_grad_s)
+                table[(i, mix)] = (s.time_per_micro_batch_s, s.dp_exposed_s, s.optimizer_s, s.weight_grad_s,
+                                           s.forward_compute_s)
     est = evaluate(instance, placement, check=False)
     return table, (est.breakdown["pp_comm_s"], est.breakdown["overhead_s"], est.num_micro_batches)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from formulation.physics import cost, pipeline_sim, schedule_orders
+from formulation.physics import cost, pipeline_sim, schedule_orders, v_schedules
 
 
 @dataclass
@@ -124,11 +124,14 @@ def simulate_zero_bubble(instance, placement, estimate) -> Schedule:
     rank (formulation/physics/schedule_orders.py) through the event simulation of formulation/physics/pipeline_sim.py,
     each stage's backward split into its input gradient (drawn as B) and its weight gradient W."""
     p, m, vpp = placement, estimate.num_micro_batches, placement.vpp
-    orders = {r: schedule_orders.looped(r, p.pp, m, vpp, zero_bubble=True) for r in range(p.pp)}
+    v_shaped = p.schedule in v_schedules.V_FAMILIES  # ZBVZeroBubble, DualPipeV: torch's order on a V (S3)
+    orders = {r: v_schedules.order(p.schedule, r, p.pp, m) if v_shaped else
+              schedule_orders.looped(r, p.pp, m, vpp, zero_bubble=True) for r in range(p.pp)}
     stages = estimate.stages
     makespan, sim_ops = pipeline_sim.simulate(
-        orders, p.pp, vpp, "loop", [s.forward_s for s in stages], [s.input_grad_s for s in stages],
-        [s.weight_grad_s for s in stages], list(estimate.p2p_boundary_s), wrap_time(instance, p) if vpp > 1 else 0.0)
+        orders, p.pp, vpp, "v" if v_shaped else "loop", [s.forward_s for s in stages],
+        [s.input_grad_s for s in stages], [s.weight_grad_s for s in stages], list(estimate.p2p_boundary_s),
+        wrap_time(instance, p) if vpp > 1 and not v_shaped else 0.0)
     path = {id(o) for o in pipeline_sim.critical_path(sim_ops)}
     ops = {id(o): Op(o.rank, "B" if o.kind == "I" else o.kind, o.stage // p.pp, o.micro_batch, o.start, o.end, o.comm,
                      critical=id(o) in path) for o in sim_ops}

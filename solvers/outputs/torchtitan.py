@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from formulation import evaluate
 from formulation.inputs.frameworks import torchtitan_zero_stages as runnable_zero_stages
+from formulation.physics.pipeline_sim import stage_rank
+from formulation.physics.v_schedules import V_FAMILIES
 from formulation.placement import Placement
 from solvers.outputs.report import comment_lines
 
@@ -203,7 +205,7 @@ def _degrees(run: TorchtitanRun) -> list[tuple[str, object]]:
         pairs += [("expert_parallel_degree", p.ep), ("expert_tensor_parallel_degree", p.etp)]
     if p.pp > 1:
         pairs += [("pipeline_parallel_microbatch_size", p.micro_batch_size),
-                  ("pipeline_parallel_schedule", p.schedule_name)]  # 1F1B, Interleaved1F1B, InterleavedZeroBubble
+                  ("pipeline_parallel_schedule", p.schedule_name)]  # 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV
     return pairs
 
 
@@ -267,7 +269,9 @@ def torchtitan_toml(instance, plan) -> str:
     lines += comment_lines(list(run.notes))
     lines += [f"{name} = " + (f'"{value}"' if isinstance(value, str) else f"{value}") for name, value in _degrees(run)]
     if p.pp > 1:
-        lines += ["# the plan's layer split, one model part per virtual stage (part k runs on stage k mod pp)",
+        where = ("k < pp on stage k, the others on stage 2 pp - 1 - k (a V)" if p.schedule in V_FAMILIES
+                 else "k on stage k mod pp")
+        lines += [f"# the plan's layer split, one model part per virtual stage (part {where})",
                   "module_fqns_per_model_part = ["]
         lines += ["  [" + ", ".join(f'"{name}"' for name in part) + "]," for part in model_parts(instance, p)] + ["]"]
     lines += ["", "[activation_checkpoint]", f'mode = "{p.recompute}"']
@@ -278,16 +282,17 @@ def torchtitan_toml(instance, plan) -> str:
 
 
 def model_parts(instance, p: Placement) -> list[list[str]]:
-    """torchtitan module names (Llama-family models) per virtual stage, in Megatron's chunk order."""
+    """torchtitan module names (Llama-family models) per virtual stage: Megatron's chunk order (part k on stage
+    k mod pp), or for a V schedule part k on stage k, then on stage 2 pp - 1 - k (torch's "v" stage style)."""
     num_layers, first, parts = instance.model.num_layers, 0, []
-    for chunk in range(p.vpp):
-        for stage in range(p.pp):
-            n = p.layers_per_stage[stage] // p.vpp
-            names = [f"layers.{i}" for i in range(first, first + n)]
-            if first == 0:
-                names.insert(0, "tok_embeddings")
-            if first + n == num_layers:
-                names += ["norm", "output"]
-            parts.append(names)
-            first += n
+    style = "v" if p.schedule in V_FAMILIES else "loop"
+    for virtual in range(p.pp * p.vpp):
+        n = p.layers_per_stage[stage_rank(virtual, p.pp, style)] // p.vpp
+        names = [f"layers.{i}" for i in range(first, first + n)]
+        if first == 0:
+            names.insert(0, "tok_embeddings")
+        if first + n == num_layers:
+            names += ["norm", "output"]
+        parts.append(names)
+        first += n
     return parts
