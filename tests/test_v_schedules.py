@@ -142,11 +142,11 @@ def test_search_with_v_schedules_free_equals_brute_force(seed, backend):
 
 
 @pytest.mark.parametrize("seed,backend", [pytest.param(1, "cpsat", marks=installed("cpsat")),
-                                          pytest.param(3, "cbc", marks=installed("cbc"))])
+                                          pytest.param(3, "cbc", marks=installed("cbc")),
+                                          pytest.param(3, "cpsat", marks=installed("cpsat"))])
 def test_v_programs_equal_the_evaluator(seed, backend):
-    """Every configuration's program, V ones included: objective = evaluator to 1e-6, cheap bound below. (Seed 3
-    with CP-SAT is left out: at its linearization level 2 CP-SAT finds no solution of one ZBV program within a
-    minute, 2.7 GB, where level 1 closes it in 0.1 s; docs/schedules.md.)"""
+    """Every configuration's program, V ones included: objective = evaluator to 1e-6, cheap bound below (seed 3 with
+    CP-SAT is the program that stalled CP-SAT's probing: solvers/backends/cpsat.py)."""
     from test_exact import programs_match_evaluator
     instance = instance_from_dict(v_instance(seed))
     assert sum(c.schedule in v_schedules.V_FAMILIES for c in configurations(instance)) >= 2

@@ -119,13 +119,15 @@ def _set_parameters(parameters, time_limit_s: float | None, threads: int, seed: 
     parameters.num_workers = max(1, threads)
     parameters.random_seed = seed
     parameters.relative_gap_limit = RELATIVE_GAP
-    parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
     parameters.max_memory_in_mb = memory_limit_mb()
-    # probing at level 2 (the default) can run integer propagation in a loop whose steps are tiny next to the
-    # time variables' domains: a 4-GPU program of 88 variables (tests/test_schedules_exact.py seed 7) made 173
-    # million bound changes, took 150 s and 10 GB (the memory cap is not checked inside that loop); level 1 solves
-    # it in 0.1 s
+    # probing at level 1 and linearization at level 1 (CP-SAT's defaults: 2 and 1): probing and full linearization
+    # can each set off integer propagation in a loop of tiny steps next to the time variables' domains, unchecked
+    # by the time and memory limits. Four 4-GPU programs of 100-215 rows (test_schedules_exact seed 7, three of
+    # test_v_schedules seed 3) made over 10^8 bound changes, 55-160 s and 10-20 GB each under one setting or
+    # another of the two; at these levels each takes 0.3 s, and h100_128, measured_64 and mixtral_8x7b_h100_64
+    # reach the same plans and gaps in 150 s
     parameters.cp_model_probing_level = 1
+    parameters.linearization_level = 1
 
 
 def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, watch: dict) -> BackendResult:
