@@ -74,6 +74,19 @@ def test_stage_layers_follow_megatron_interleaving():
     assert stage_layers(8, (3, 5), 1) == [frozenset({0, 1, 2}), frozenset({3, 4, 5, 6, 7})]
 
 
+def test_stage_layers_follow_the_v_of_zbv_and_dualpipev():
+    """Under a V schedule rank r holds virtual stages r and 2 pp - 1 - r (torchtitan's model parts): going from
+    interleaved 1F1B to ZBV at the same split moves both ranks' second chunk."""
+    from dataclasses import replace
+
+    for schedule in ("zbv", "dualpipev"):
+        assert stage_layers(8, (4, 4), 2, schedule) == [frozenset({0, 1, 6, 7}), frozenset({2, 3, 4, 5})]
+    old = Placement(tp=1, pp=2, cp=1, dp=1, vpp=2, micro_batch_size=1, recompute="none", zero_stage=1,
+                    layers_per_stage=(4, 4), gpus=(0, 1))
+    assert ranks_moved(old, replace(old, schedule="zbv"), 8) == 2
+    assert ranks_moved(old, replace(old, schedule="zero_bubble"), 8) == 0
+
+
 def _plan(tp, pp, dp, gpus, layers):
     return Placement(tp=tp, pp=pp, cp=1, dp=dp, vpp=1, micro_batch_size=1, recompute="none", zero_stage=1,
                      layers_per_stage=layers, gpus=tuple(gpus))

@@ -120,13 +120,13 @@ def _set_parameters(parameters, time_limit_s: float | None, threads: int, seed: 
     parameters.random_seed = seed
     parameters.relative_gap_limit = RELATIVE_GAP
     parameters.max_memory_in_mb = memory_limit_mb()
-    # probing at level 1 and linearization at level 1 (CP-SAT's defaults: 2 and 1): probing and full linearization
-    # can each set off integer propagation in a loop of tiny steps next to the time variables' domains, unchecked
-    # by the time and memory limits. Four 4-GPU programs of 100-215 rows (test_schedules_exact seed 7, three of
-    # test_v_schedules seed 3) made over 10^8 bound changes, 55-160 s and 10-20 GB each under one setting or
-    # another of the two; at these levels each takes 0.3 s, and h100_128, measured_64 and mixtral_8x7b_h100_64
-    # reach the same plans and gaps in 150 s
-    parameters.cp_model_probing_level = 1
+    # no probing, and linearization at level 1 (CP-SAT's defaults: probing 2, linearization 1): probing and full
+    # linearization can each set off integer propagation in a loop of tiny steps next to the time variables'
+    # domains, which checks neither the time nor the memory limit. Five 4-GPU programs of 100-215 rows
+    # (test_schedules_exact seed 7, three of test_v_schedules seed 3, one of test_exact seed 2) made over 10^8 bound
+    # changes, 55-160 s and 10-20 GB each, under probing 1 or 2 or full linearization; at these levels each closes
+    # in 0.3 s, and h100_128 and mixtral_8x7b_h100_64 reach the same plans and gaps in 150 s
+    parameters.cp_model_probing_level = 0
     parameters.linearization_level = 1
 
 

@@ -224,7 +224,11 @@ def torchtitan_arguments(instance, plan) -> tuple[list[str], list[str], list[str
     if p.pp > 1:
         args += ["--parallelism.module-fqns-per-model-part", *(",".join(part) for part in model_parts(instance, p))]
     subcommand = {"none": "none", "selective": "selective", "full": "full"}[p.recompute]
-    return args, [f"activation-checkpoint:{subcommand}"], list(run.notes)
+    notes = list(run.notes)
+    if job.grad_reduce_dtype == "bf16":  # torchtitan 0.3's mixed_precision_reduce accepts float32 only
+        notes.append("the plan prices gradient reduces in bf16 (training.grad_reduce_dtype); torchtitan reduces in "
+                     "float32 (training.mixed_precision_reduce), twice the bytes the plan's communication assumes")
+    return args, [f"activation-checkpoint:{subcommand}"], notes
 
 
 def torchtitan_args_script(instance, plan) -> str:
