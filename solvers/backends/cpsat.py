@@ -120,14 +120,14 @@ def _set_parameters(parameters, time_limit_s: float | None, threads: int, seed: 
     parameters.random_seed = seed
     parameters.relative_gap_limit = RELATIVE_GAP
     parameters.max_memory_in_mb = memory_limit_mb()
-    # no probing, and linearization at level 1 (CP-SAT's defaults: probing 2, linearization 1): probing and full
-    # linearization can each set off integer propagation in a loop of tiny steps next to the time variables'
-    # domains, which checks neither the time nor the memory limit. Five 4-GPU programs of 100-215 rows
-    # (test_schedules_exact seed 7, three of test_v_schedules seed 3, one of test_exact seed 2) made over 10^8 bound
-    # changes, 55-160 s and 10-20 GB each, under probing 1 or 2 or full linearization; at these levels each closes
-    # in 0.3 s, and h100_128 and mixtral_8x7b_h100_64 reach the same plans and gaps in 150 s
-    parameters.cp_model_probing_level = 0
-    parameters.linearization_level = 1
+    parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
+    # probing at level 1 (CP-SAT's default: 2). Probing and the linearization level can each set off integer
+    # propagation in a loop of tiny steps next to the time variables' domains, which checks neither the time nor the
+    # memory limit: six 4-GPU programs of 100-215 rows stalled one setting or another (55-160 s, 10-20 GB each); at
+    # this setting five close in 0.3-0.5 s (test_schedules_exact seed 7, test_exact seeds 2 and 22, two of
+    # test_v_schedules seed 3) and one ZBV program of test_v_schedules seed 3 still stalls (no probing with
+    # linearization 1 cures it but stalls test_exact seed 22 at 20 GB); docs/programs.md
+    parameters.cp_model_probing_level = 1
 
 
 def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, watch: dict) -> BackendResult:
