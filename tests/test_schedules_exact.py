@@ -32,29 +32,34 @@ def splits(total: int, parts: int, step: int):
         yield from ((first,) + rest for rest in splits(total - first, parts - 1, step))
 
 
-def brute_force_with_schedules(instance, data) -> float:
-    """Every configuration, schedule family, layer split and GPU map, scored by evaluate() alone."""
-    job, world, layers = data["training"], instance.cluster.num_gpus, instance.model.num_layers
-    best = float("inf")
+def sizes_of(job: dict, world: int):
+    """Every (tp, pp, cp, dp, micro-batch, vpp, recompute, zero stage) of the job's lists on `world` GPUs."""
     for tp, pp, cp in itertools.product(range(1, world + 1), repeat=3):
         if world % (tp * pp * cp) or cp not in job["context_parallel_sizes"]:
             continue
-        dp = world // (tp * pp * cp)
         for mbs, vpp, recompute, zero in itertools.product(range(1, job["max_micro_batch_size"] + 1),
                                                            job["virtual_pipeline_sizes"], job["recompute"],
                                                            job["zero_stage"]):
-            families = ["1f1b"] + (["zero_bubble"] if pp > 1 and vpp > 1 else [])
-            for family, split in itertools.product(families, splits(layers, pp, vpp)):
-                probe = Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, tuple(range(world)),
-                                  schedule=family)
-                try:
-                    check_placement(instance, probe, "brute force")
-                except InputError:
-                    continue
-                for gpus in itertools.permutations(range(world)):
-                    est = evaluate(instance, replace_gpus(probe, gpus), check=False)
-                    if est.fits:
-                        best = min(best, est.iteration_time_s)
+            yield tp, pp, cp, world // (tp * pp * cp), mbs, vpp, recompute, zero
+
+
+def brute_force_with_schedules(instance, data) -> float:
+    """Every configuration, schedule family, layer split and GPU map, scored by evaluate() alone."""
+    world, layers = instance.cluster.num_gpus, instance.model.num_layers
+    best = float("inf")
+    for tp, pp, cp, dp, mbs, vpp, recompute, zero in sizes_of(data["training"], world):
+        families = ["1f1b"] + (["zero_bubble"] if pp > 1 and vpp > 1 else [])
+        for family, split in itertools.product(families, splits(layers, pp, vpp)):
+            probe = Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, tuple(range(world)),
+                              schedule=family)
+            try:
+                check_placement(instance, probe, "brute force")
+            except InputError:
+                continue
+            for gpus in itertools.permutations(range(world)):
+                est = evaluate(instance, replace_gpus(probe, gpus), check=False)
+                if est.fits:
+                    best = min(best, est.iteration_time_s)
     return best
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 from conftest import AVAILABLE_BACKENDS, seeds_by_backend
-from test_schedules_exact import replace_gpus, schedule_instance, splits
+from test_schedules_exact import replace_gpus, schedule_instance, sizes_of, splits
 
 from formulation import evaluate, instance_from_dict
 from formulation.physics import v_schedules
@@ -99,30 +99,24 @@ def v_instance(seed: int) -> dict:
 def brute_force(instance, data) -> float:
     """Every configuration, schedule family, layer split and GPU map, scored by evaluate() alone; checks on the way
     that every V stage has B >= F (what lets the program drop ZBV's 2F - B rows)."""
-    job, world, layers = data["training"], instance.cluster.num_gpus, instance.model.num_layers
+    world, layers = instance.cluster.num_gpus, instance.model.num_layers
     best = float("inf")
-    for tp, pp, cp in itertools.product(range(1, world + 1), repeat=3):
-        if world % (tp * pp * cp) or cp not in job["context_parallel_sizes"]:
-            continue
-        dp = world // (tp * pp * cp)
-        for mbs, vpp, recompute, zero in itertools.product(range(1, job["max_micro_batch_size"] + 1),
-                                                           job["virtual_pipeline_sizes"], job["recompute"],
-                                                           job["zero_stage"]):
-            for family, split in itertools.product(FAMILIES, splits(layers, pp, vpp)):
-                if family == "zero_bubble" and vpp == 1:
-                    continue  # ZBH1: no stack runs it
-                probe = Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, tuple(range(world)),
-                                  schedule=family)
-                try:
-                    check_placement(instance, probe, "brute force")
-                except Exception:
-                    continue
-                for gpus in itertools.permutations(range(world)):
-                    est = evaluate(instance, replace_gpus(probe, gpus), check=False)
-                    if family in v_schedules.V_FAMILIES:
-                        assert all(s.input_grad_s >= s.forward_compute_s for s in est.stages)
-                    if est.fits:
-                        best = min(best, est.iteration_time_s)
+    for tp, pp, cp, dp, mbs, vpp, recompute, zero in sizes_of(data["training"], world):
+        for family, split in itertools.product(FAMILIES, splits(layers, pp, vpp)):
+            if family == "zero_bubble" and vpp == 1:
+                continue  # ZBH1: no stack runs it
+            probe = Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, tuple(range(world)),
+                              schedule=family)
+            try:
+                check_placement(instance, probe, "brute force")
+            except Exception:
+                continue
+            for gpus in itertools.permutations(range(world)):
+                est = evaluate(instance, replace_gpus(probe, gpus), check=False)
+                if family in v_schedules.V_FAMILIES:
+                    assert all(s.input_grad_s >= s.forward_compute_s for s in est.stages)
+                if est.fits:
+                    best = min(best, est.iteration_time_s)
     return best
 
 
