@@ -27,6 +27,8 @@ STACK_ALIASES = {"fsdp": "torchtitan", "composer": "llm-foundry", "deepspeed": "
 # (formulation/intervals.py) and the report says so.
 # Stacks that run PyTorch's own modules eagerly unless torch.compile is on (docs/physics.md eager_elementwise)
 PYTORCH_STACKS = ("torchtitan", "llm-foundry")
+# How a stack's model code applies rotary embeddings eagerly (TrainingJob.rotary_impl)
+ROTARY_IMPLS = ("complex", "rotation_matrix")
 # llm-foundry trains with FSDP only (Composer's FSDPConfig: FULL_SHARD and its relatives, per-block activation
 # checkpointing): no tensor, pipeline or context parallelism, no selective recompute
 DATA_PARALLEL_ONLY = ("llm-foundry",)
@@ -63,6 +65,10 @@ class TrainingJob:
     # torchtitan compiles its (unfused) loss with the model when torch.compile is on (since torchtitan bbb1b616e,
     # 2025-04-02; CompileConfig.components ["model", "loss"]): Inductor saves the bf16 logits only
     compiled_loss: bool = True
+    # how the model code applies rotary embeddings, which sets its eager cost (docs/physics.md eager_elementwise):
+    # "complex" (torchtitan's and Meta's Llama: fp32 complex views), "rotation_matrix" (IBM's fms, fms-fsdp's model:
+    # fp32 2x2 rotation matrices, a product and a sum). Compiled, both are one fused kernel.
+    rotary_impl: str = "complex"
     # FP8 with Transformer Engine: weights kept in FP8 (Megatron-LM --fp8-param-gather; NeMo's FP8 recipe
     # bf16_with_fp8_mixed sets fp8_params=True) instead of bf16 beside an FP8 copy
     fp8_param_gather: bool = True
@@ -225,8 +231,8 @@ def load_training_section(data: dict, file: str, framework: str | None = None) -
         software_stack=stack, software_stack_defaulted=not sec.has("software_stack") and framework is None,
         framework=framework, framework_origin=origin if framework else "",
         unmodelled_stack="" if named == stack else named,
-        torch_compile=compile_on,
-        compiled_loss=sec.boolean("compiled_loss", default=compile_on),
+        torch_compile=compile_on, compiled_loss=sec.boolean("compiled_loss", default=compile_on),
+        rotary_impl=sec.string("rotary_impl", default="complex", choices=ROTARY_IMPLS),
         fp8_param_gather=sec.boolean("fp8_param_gather", default=True),
         fp8_recipe=_fp8_recipe(sec),
         fsdp_backward_prefetch=sec.string("fsdp_backward_prefetch", default="post" if foundry else "pre",

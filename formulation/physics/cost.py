@@ -254,6 +254,20 @@ def eager_stack(job) -> bool:
     return job.software_stack in PYTORCH_STACKS and not job.torch_compile and term("eager_elementwise")
 
 
+# 16-bit passes per element of Q and K of an eager rotary embedding, by how the model code applies it
+# (TrainingJob.rotary_impl). "complex" (torchtitan's apply_rotary_emb, Meta's Llama): upcast, complex multiply,
+# downcast: about 10. "rotation_matrix" (IBM's fms RotaryEmbedding.adjusted_qk, the model of fms-fsdp): upcast to
+# fp32 (read 1, write 2: 3), multiply each (x, y) pair by its 2x2 rotation matrix broadcast over the heads, which
+# writes two fp32 products per element (read 2, write 4: 6), sum the products (read 4, write 2: 6), downcast
+# (read 2, write 1: 3): 18. Compiled, either is one kernel that reads and writes each element once (2).
+EAGER_ROTARY_UNITS = {"complex": 10.0, "rotation_matrix": 18.0}
+
+
+def rotary_units(job) -> float:
+    """16-bit passes per Q/K element of the eager rotary embedding of the job's model code."""
+    return EAGER_ROTARY_UNITS[getattr(job, "rotary_impl", "complex")]
+
+
 def activation_units(model, job) -> float:
     """(C3) 16-bit passes of the MLP activation per unit of its width: SwiGLU reads gate and up and writes their
     product (3; eager PyTorch runs silu and the product as two kernels: 5), GELU reads and writes (2)."""
@@ -271,7 +285,8 @@ def elementwise_bytes(model, job, p, gpu_type=None) -> float:
     dropouts). Eager PyTorch (torchtitan without compile) runs each op as its own kernel: RMSNorm upcasts,
     squares, reduces, scales, downcasts and multiplies by the weight (about 20 units each; LayerNorm is one eager
     kernel, torch.nn.functional.layer_norm, so LayerNorm models such as MPT keep the fused 2), rotary goes through
-    fp32 complex views (10 units per Q/K head width), SwiGLU's silu and product are two kernels (5 f / h).
+    fp32 complex views (10 units per Q/K head width) or fp32 2x2 rotation matrices (fms: 18, `rotary_units`),
+    SwiGLU's silu and product are two kernels (5 f / h).
     FP8 GEMMs first cast their four inputs (QKV, projection, fc1, fc2) to FP8: read 2 bytes, write 1 (1.5 units
     each). With sequence parallelism (or tp = 1) each GPU touches 1/tp of the norm/residual tensors; the MLP
     activation is always split by tp.
@@ -281,7 +296,7 @@ def elementwise_bytes(model, job, p, gpu_type=None) -> float:
     h, f = model.hidden_size, model.ffn_hidden_size
     eager = eager_stack(job)
     qk = 1 + model.num_kv_heads / model.num_attention_heads
-    rotary = 0.0 if model.learned_position_embeddings else (10.0 if eager else 2.0) * qk
+    rotary = 0.0 if model.learned_position_embeddings else (rotary_units(job) if eager else 2.0) * qk
     eager_norms = eager and model.norm == "rmsnorm"
     replicated = (40.0 if eager_norms else 4.0) + 6.0 + (6.0 if model.dropout else 0.0)
     split = rotary + activation_units(model, job) * f / h

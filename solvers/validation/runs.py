@@ -19,7 +19,8 @@ Defaults for blank cells (documented in docs/validation.md):
   `megatron`: Megatron-LM's own FSDP (notes naming Megatron-FSDP, `--use-megatron-fsdp`, `--use-custom-fsdp` or
   `--use-torch-fsdp2`, or a Megatron / NeMo source) is `megatron`. The loss is a fused
   cross entropy except on torchtitan's own rows: llm-foundry's MPT class defaults to flash-attn's
-  (`loss_fn: fused_crossentropy`), Megatron-LM's is its fused vocab-parallel one.
+  (`loss_fn: fused_crossentropy`), Megatron-LM's is its fused vocab-parallel one. Rotary embeddings: an optional
+  `rotary_impl` column; blank: `rotation_matrix` on IBM's fms-fsdp rows (fms's Llama), `complex` elsewhere.
 - Per-row assumptions on the packaged reference files (ROW_ASSUMPTIONS, row_assumptions.csv): applied on load,
   recorded on the run (`Run.assumptions`), never applied to another file.
 Measured iteration time: `iter_s`; else global batch x seq / (tokens/s per GPU x GPUs); else from TFLOP/s
@@ -219,6 +220,10 @@ def _instance_data(index: int, r: dict, precision: str, recompute: str, zero: in
                      # llm-foundry's MPT class defaults to flash-attn's fused cross entropy (loss_fn:
                      # fused_crossentropy, llmfoundry/models/mpt/modeling_mpt.py); Megatron's is fused too
                      "fused_cross_entropy": not _pytorch_fsdp(r) or "llm-foundry" in r["source"],
+                     # an optional `rotary_impl` column; blank: IBM's fms-fsdp trains fms's Llama, whose rotary
+                     # embedding multiplies by fp32 2x2 rotation matrices (fms RotaryEmbedding.adjusted_qk)
+                     "rotary_impl": (r.get("rotary_impl") or "").strip() or ("rotation_matrix" if "fms-fsdp" in
+                                                                             r["source"] else "complex"),
                      # an optional `grad_reduce_dtype` column (bf16 / fp32; blank: the gradient state's dtype)
                      **({"grad_reduce_dtype": r["grad_reduce_dtype"].strip()} if (r.get("grad_reduce_dtype") or
                                                                                   "").strip() else {})},
