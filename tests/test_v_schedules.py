@@ -192,3 +192,16 @@ def test_report_names_a_v_schedule_and_its_gain(small_instance):
     gain = 100 * (one.iteration_time_s / e.iteration_time_s - 1)
     assert schedule_line(instance, p, e).startswith(f"pipeline schedule: DualPipeV (allowed: {', '.join(ALL)}); "
                                                     f"{gain:.1f} % faster than Interleaved1F1B")
+
+
+def test_v_schedules_follow_the_gpu_types_on_the_nodes():
+    """(S3) needs one GPU type: the one the nodes hold, not every type `cluster.gpu_types` declares (a re-plan's
+    survivors keep the whole declaration). A type declared but on no node keeps the V configurations; a node of a
+    second type (a truly mixed cluster, planned as islands) drops them."""
+    data = v_instance(0)
+    declared = data["cluster"]["gpu_types"]
+    declared["a100-sxm-80gb"] = dict(declared["h100-sxm-80gb"])
+    assert any(c.schedule in v_schedules.V_FAMILIES for c in configurations(instance_from_dict(data)))
+    data["cluster"]["nodes"][1]["gpu_type"] = "a100-sxm-80gb"
+    configs = list(configurations(instance_from_dict(data)))
+    assert configs and not any(c.schedule in v_schedules.V_FAMILIES for c in configs)
