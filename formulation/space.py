@@ -6,8 +6,7 @@ import math
 from dataclasses import replace
 from typing import Iterator
 
-from formulation.physics import layer_kinds, moe_overlap
-from formulation.physics import layer_kinds, v_schedules
+from formulation.physics import layer_kinds, moe_overlap, v_schedules
 from formulation.physics.schedules import allowed_families
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.inputs.frameworks import config_problem
@@ -69,10 +68,11 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
                 continue
             # the schedule families the job allows at this vpp (1F1B alone without pipeline parallelism)
             families = allowed_families(job.pipeline_schedules, vpp) if pp > 1 else ["1f1b"]
-            # (S3): m >= 2 pp, one layer kind, one GPU type (the bounds of clusters of several types, (B5), do not
-            # encode the V's chain and output layer)
+            # (S3): m >= 2 pp, one layer kind, one GPU type on the cluster's nodes (the bounds of clusters of
+            # several types, (B5), do not encode the V's chain and output layer); a type declared but on no node
+            # (a re-plan's survivors) does not count
             if m < v_schedules.min_micro_batches(pp) or layer_kinds.is_mixed(model) or \
-                    len(instance.cluster.gpu_types) > 1:
+                    len(node_gpu_types(instance.cluster)) > 1:
                 families = [f for f in families if f not in v_schedules.V_FAMILIES]
             for recompute in job.recompute:
                 for zero in job.zero_stage:
@@ -85,6 +85,11 @@ def schedules(instance, tp: int, pp: int, cp: int, dp: int) -> Iterator[Config]:
                                                 schedule=family, dp_replicate=r, reshard_after_forward=reshard)
                                 if not config_problem(job.framework, job.seq_length, config):  # the framework runs it
                                     yield from overlap_choices(instance, config)
+
+
+def node_gpu_types(cluster) -> set[str]:
+    """The GPU types the cluster's nodes hold (`cluster.gpu_types` may declare more)."""
+    return {n.gpu_type for n in cluster.nodes if n.num_gpus}
 
 
 def overlap_choices(instance, config: Config) -> Iterator[Config]:

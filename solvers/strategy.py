@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from formulation.errors import InputError
+from formulation.space import node_gpu_types
 from solvers import backends
 from solvers.result import PlanResult, SolverReport
 from solvers.bounds.every_placement import every_placement_bound
@@ -25,7 +26,7 @@ SOLVER_ALIASES = {"auto": ("auto", "auto"), "cbc": ("auto", "cbc"), "cpsat": ("a
 
 def is_mixed(instance) -> bool:
     """More than one GPU type: planned as islands composed into pipelines (solvers/search/mixed.py)."""
-    return len({n.gpu_type for n in instance.cluster.nodes}) > 1
+    return len(node_gpu_types(instance.cluster)) > 1
 
 
 def strategy(solver: str | None = None, method: str = "auto", backend: str = "auto") -> tuple[str, str]:

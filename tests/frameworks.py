@@ -134,6 +134,20 @@ def megatron_lm_namespace(argv: list[str]) -> argparse.Namespace:
     return namespace
 
 
+def megatron_grad_reduce_dtype(args: argparse.Namespace) -> str:
+    """The dtype Megatron-LM core_v0.16.1 accumulates and reduces gradients in, from its parsed arguments: its
+    validate_args under --bf16 (`if args.grad_reduce_in_bf16: args.accumulate_allreduce_grads_in_fp32 = False`,
+    `elif not args.accumulate_allreduce_grads_in_fp32 and args.main_grads_dtype == torch.float32: ... = True`),
+    then the DDP config's grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32 (training.py), else the
+    parameters' dtype."""
+    fp32 = args.accumulate_allreduce_grads_in_fp32
+    if args.bf16 and args.grad_reduce_in_bf16:
+        fp32 = False
+    elif args.bf16 and args.main_grads_dtype == "fp32":
+        fp32 = True
+    return "fp32" if fp32 else "bf16" if args.bf16 else "fp16"
+
+
 def megatron_transformer_config(args: argparse.Namespace):
     """`core_transformer_config_from_args` of Megatron-LM core_v0.16.1 for the fields that shape the model (every
     config field the arguments name, the activation, query groups, experts), on one process (`_WHOLE_MODEL`)."""

@@ -4,21 +4,18 @@ twice (solvers/search/reorder.py) on the shipped Mixtral instance, where they be
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
 
-from formulation.errors import InputError
 from formulation.evaluate import evaluate
 from formulation.inputs.instance import instance_from_dict, load_instance
-from formulation.placement import Placement, check_placement
 from formulation.programs.islands import find_islands
 from formulation.space import Config, configurations, placement_for
 from solvers.bounds.every_placement import INF, typed_bound
 from solvers.search import reorder
 
-from test_mixed_brute_force import cluster_dict, maps, splits, swap_classes
+from test_mixed_brute_force import cluster_dict, fitting_times
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,32 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def minima_per_configuration(instance) -> dict:
     """The brute-force minimum of every configuration (vpp 1, cp 1, the planner's tp up to the smallest node):
     every layer split and every map of ranks to GPUs up to swaps that keep every link, by the evaluator."""
-    model, job, cluster = instance.model, instance.training, instance.cluster
-    classes, out = swap_classes(cluster), {}
-    for world in range(1, cluster.num_gpus + 1):
-        every_map = list(maps(classes, world))
-        for tp, pp in itertools.product(range(1, min(n.num_gpus for n in cluster.nodes) + 1),
-                                        range(1, model.num_layers + 1)):
-            if world % (tp * pp):
-                continue
-            dp = world // (tp * pp)
-            experts = [1] if model.moe is None else [e for e in range(1, tp * dp + 1) if (tp * dp) % e == 0]
-            for mbs, rec, zero, ep in itertools.product(range(1, job.max_micro_batch_size + 1), job.recompute,
-                                                        job.zero_stage, experts):
-                config = Config(tp=tp, pp=pp, cp=1, dp=dp, vpp=1, micro_batch_size=mbs, recompute=rec,
-                                zero_stage=zero, ep=ep, etp=1)
-                for split in splits(model.num_layers, pp):
-                    def at(gpus, split=split):
-                        return Placement(tp=tp, pp=pp, cp=1, dp=dp, vpp=1, micro_batch_size=mbs, recompute=rec,
-                                         zero_stage=zero, ep=ep, etp=1, layers_per_stage=split, gpus=gpus)
-                    try:
-                        check_placement(instance, at(tuple(range(world))), "<brute force>")
-                    except InputError:
-                        continue
-                    for gpus in every_map:
-                        est = evaluate(instance, at(gpus), check=False)
-                        if est.fits:
-                            out[config] = min(out.get(config, INF), est.iteration_time_s)
+    out = {}
+    for config, time_s in fitting_times(instance):
+        out[config] = min(out.get(config, INF), time_s)
     return out
 
 

@@ -18,7 +18,8 @@ from formulation import default_placement, evaluate, load_instance
 from formulation.inputs.model import PRESET_DIR, load_model_section, preset_names
 from formulation.placement import Placement
 from frameworks import (EXPERT_GROUP_DESCS, hf_parameter_count, initialize_model_parallel_groups,
-                        megatron_gpt_model, megatron_lm_namespace, rank_generator_expert_groups, rank_generator_groups)
+                        megatron_gpt_model, megatron_grad_reduce_dtype, megatron_lm_namespace,
+                        rank_generator_expert_groups, rank_generator_groups)
 from solvers.outputs.export import megatron_args_script, slurm_files, torchrun_script
 from solvers.outputs.launch import (LaunchMismatch, check_groups, megatron_expert_rank_groups, megatron_rank_groups, parse_slurm_files,
                                     parse_torchrun_script, slurm_launch, torchrun_launch)
@@ -177,12 +178,13 @@ class _Plan:
         self.placement, self.estimate = placement, estimate
 
 
-def exported_megatron_argv(preset: str, tmp_path: Path) -> tuple[object, list[str]]:
+def exported_megatron_argv(preset: str, tmp_path: Path, **training) -> tuple[object, list[str]]:
     """(the preset's model, MEGATRON_ARGS as bash expands megatron_args.sh) for a plan of the preset on h100_128
-    at the widest tp its heads allow (so the vocabulary padding is exercised at tp up to 8)."""
+    at the widest tp its heads allow (so the vocabulary padding is exercised at tp up to 8); `training`: fields of
+    the job replaced."""
     base = load_instance(REPO / "instances" / "h100_128.json")
     model = load_model_section({"preset": preset}, "test.json", REPO)
-    instance = dataclasses.replace(base, model=model)
+    instance = dataclasses.replace(base, model=model, training=dataclasses.replace(base.training, **training))
     tp = next(t for t in (8, 4, 2, 1) if model.num_attention_heads % t == 0 and model.num_kv_heads % t == 0)
     placement = default_placement(instance, tp=tp, pp=1, cp=1)
     script = tmp_path / "megatron_args.sh"
@@ -225,3 +227,21 @@ def test_a_model_the_arguments_misdescribe_is_caught(tmp_path):
     tied, _ = megatron_gpt_model([a for a in argv if a != "--untie-embeddings-and-output-weights"])
     assert sum(p.numel() for p in with_bias.parameters()) > model.total_params
     assert sum(p.numel() for p in tied.parameters()) == model.total_params - model.vocab_size * model.hidden_size
+
+
+@pytest.mark.parametrize("precision, reduce, expected", [("bf16", "", "fp32"), ("bf16", "bf16", "bf16"),
+                                                         ("fp8", "", "fp32"), ("fp16", "", "fp16"),
+                                                         ("fp16", "fp32", "fp32")])
+def test_megatron_reduces_gradients_in_the_priced_dtype(tmp_path, precision, reduce, expected):
+    """The gradient reduce the plan priced (training.grad_reduce_dtype, by default the gradient state's: fp32 main
+    grads with bf16 and FP8, 16-bit with fp16) is the one Megatron-LM core_v0.16.1 runs from the exported
+    arguments: fp32 said by --accumulate-allreduce-grads-in-fp32, bf16 by --grad-reduce-in-bf16 (without it
+    Megatron's bf16 default reduces in fp32, at twice the bytes priced)."""
+    from formulation.inputs.job import REDUCE_DTYPE_BYTES
+    _, argv = exported_megatron_argv("llama3-8b", tmp_path, precision=precision, grad_reduce_dtype=reduce)
+    args = megatron_lm_namespace(argv)
+    assert megatron_grad_reduce_dtype(args) == expected
+    job = dataclasses.replace(load_instance(REPO / "instances" / "h100_128.json").training, precision=precision,
+                              grad_reduce_dtype=reduce)
+    assert job.grad_reduce_bytes == REDUCE_DTYPE_BYTES.get(expected, 2.0)
+    assert args.accumulate_allreduce_grads_in_fp32 == (expected == "fp32")

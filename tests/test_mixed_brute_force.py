@@ -17,7 +17,7 @@ import pytest
 from formulation.errors import InputError
 from formulation.evaluate import evaluate
 from formulation.inputs.instance import instance_from_dict
-from formulation.placement import Placement, check_placement
+from formulation.placement import Config, Placement, check_placement
 from solvers import solve
 from solvers.bounds.every_placement import every_placement_bound
 
@@ -111,11 +111,13 @@ def splits(total: int, parts: int):
         yield tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
-def true_minimum(instance) -> float:
+def fitting_times(instance):
+    """(configuration, the evaluator's iteration time) of every placement of the brute force that fits: every world
+    size, tp up to the smallest node, pp, dp, ep, micro-batch, recompute, zero stage (vpp 1, cp 1), every layer
+    split and every map of ranks to GPUs up to swaps that keep every link (`swap_classes`)."""
     model, job, cluster = instance.model, instance.training, instance.cluster
     max_tp = min(n.num_gpus for n in cluster.nodes)
     classes = swap_classes(cluster)
-    best = float("inf")
     for world in range(1, cluster.num_gpus + 1):
         every_map = list(maps(classes, world))
         for tp, pp in itertools.product(range(1, max_tp + 1), range(1, model.num_layers + 1)):
@@ -125,18 +127,20 @@ def true_minimum(instance) -> float:
             experts = [1] if model.moe is None else [e for e in range(1, tp * dp + 1) if (tp * dp) % e == 0]
             for mbs, rec, zero, ep, split in itertools.product(range(1, job.max_micro_batch_size + 1), job.recompute,
                                                                job.zero_stage, experts, splits(model.num_layers, pp)):
-                def at(gpus):
-                    return Placement(tp=tp, pp=pp, cp=1, dp=dp, vpp=1, micro_batch_size=mbs, recompute=rec,
-                                     zero_stage=zero, ep=ep, etp=1, layers_per_stage=split, gpus=gpus)
+                config = Config(tp=tp, pp=pp, cp=1, dp=dp, vpp=1, micro_batch_size=mbs, recompute=rec,
+                                zero_stage=zero, ep=ep, etp=1)
                 try:
-                    check_placement(instance, at(tuple(range(world))), "<brute force>")
+                    check_placement(instance, Placement.of(config, split, range(world)), "<brute force>")
                 except InputError:
                     continue
                 for gpus in every_map:
-                    est = evaluate(instance, at(gpus), check=False)
+                    est = evaluate(instance, Placement.of(config, split, gpus), check=False)
                     if est.fits:
-                        best = min(best, est.iteration_time_s)
-    return best
+                        yield config, est.iteration_time_s
+
+
+def true_minimum(instance) -> float:
+    return min((time_s for _, time_s in fitting_times(instance)), default=float("inf"))
 
 
 @pytest.mark.parametrize("seed", [pytest.param(s, marks=() if s in QUICK else pytest.mark.slow) for s in range(32)])

@@ -192,3 +192,33 @@ def test_report_names_a_v_schedule_and_its_gain(small_instance):
     gain = 100 * (one.iteration_time_s / e.iteration_time_s - 1)
     assert schedule_line(instance, p, e).startswith(f"pipeline schedule: DualPipeV (allowed: {', '.join(ALL)}); "
                                                     f"{gain:.1f} % faster than Interleaved1F1B")
+
+
+def test_v_schedules_follow_the_gpu_types_on_the_nodes():
+    """(S3) needs one GPU type: the one the nodes hold, not every type `cluster.gpu_types` declares (a re-plan's
+    survivors keep the whole declaration). A type declared but on no node keeps the V configurations; a node of a
+    second type (a truly mixed cluster, planned as islands) drops them."""
+    data = v_instance(0)
+    declared = data["cluster"]["gpu_types"]
+    declared["a100-sxm-80gb"] = dict(declared["h100-sxm-80gb"])
+    assert any(c.schedule in v_schedules.V_FAMILIES for c in configurations(instance_from_dict(data)))
+    data["cluster"]["nodes"][1]["gpu_type"] = "a100-sxm-80gb"
+    configs = list(configurations(instance_from_dict(data)))
+    assert configs and not any(c.schedule in v_schedules.V_FAMILIES for c in configs)
+
+
+def test_work_bound_cache_follows_the_schedule():
+    """(B0) caches W per configuration class, and a V puts the output layer on stage 0 (S3): a V configuration
+    scored first must not leave a W without the output layer for the 1F1B configuration of the same sizes (a
+    shared WorkBound gives every configuration what a fresh one does), and W counts the output layer on both."""
+    from solvers.bounds.work import WorkBound
+    instance = instance_from_dict(v_instance(0))
+    configs = sorted(configurations(instance), key=lambda c: c.schedule not in v_schedules.V_FAMILIES)
+    sizes = {replace(c, schedule="1f1b", vpp=1) for c in configs if c.schedule in v_schedules.V_FAMILIES}
+    assert sizes and sizes <= set(configs)
+    shared = WorkBound(instance)
+    for c in configs:
+        assert shared(c) == WorkBound(instance)(c), c
+    for c in configs:
+        if c.schedule in v_schedules.V_FAMILIES:
+            assert shared.work(c) == shared.work(replace(c, schedule="1f1b", vpp=1)), c

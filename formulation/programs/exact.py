@@ -21,7 +21,7 @@ from formulation.physics.cost import GroupLinks
 from formulation.physics.memory import memory_coefficients, stage_memory
 from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_comm, expert_layer_upper_bound,
                                                  expert_sync_time, symmetry_breaking)
-from formulation.programs.exact_groups import INF, cp_time, group_time, group_variables, sync_time
+from formulation.programs.exact_groups import cp_time, group_time, group_variables, sync_time
 from formulation.programs.exact_schedule import v_objective, zero_bubble_objective
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
@@ -266,8 +266,9 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     """(P9) exposed data-parallel sync of stage i: E_i >= sum over parts of max(0, T_part - window(l_i),
     num/den T_part) (the last for overlapped parts: cost.dp_overlap_exposed).
     The message grows with l_i, so each part's time is selected by (shape, level, layer count) together:
-    X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2)."""
-    prog, c, cluster = b.prog, b.c, b.cluster
+    X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2) (exact_groups.sync_time, as the replicas' (P9') and
+    the experts' (P15) syncs)."""
+    prog, c = b.prog, b.c
     edp = expert_dp_groups(b, i) if c.zero_stage < 3 else []  # (P15) mixture-of-experts: the experts' sync
     if (c.dp * c.cp == 1 and not edp) or c.zero_stage >= 3:
         return None
@@ -285,31 +286,11 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     exposed = prog.var(f"E[{i}]")
     parts_exposed = []
     for part, (kind, _, overlapped, _) in enumerate(parts_at(reference)):
-        slowest = prog.var(f"DP[{i},{part}]")
         groups = b.dp_groups.get(i, [])  # none with dp x cp = 1 (the expert-only parts)
-        if not any(dp_sync_parts(b.inst, b.template, k, q)[part][1] for q in qs) if groups else True:
-            groups = []  # zero 2 with a shard group of one rank: only the replicas exchange (P9')
-        for g in groups:
-            n = len(g.ranks)
-            x_i, x_e, lat = (prog.var(f"{nm}[dp{g.ranks[0]},{part}]") for nm in ("XIdp", "XEdp", "Ddp"))
-            x_e = x_i if cost.levels_concurrent() else x_e  # (C5) the levels at once: one part >= each
-            for q in qs:
-                lam = prog.layers[(i, q)]
-                message = dp_sync_parts(b.inst, b.template, k, q)[part][1]
-                for (N, kk), sigma in g.shape.items():
-                    # NCCL's choice (and so the latency) depends on the message: selected with lambda too
-                    base = cost.collective_time(kind, message, GroupLinks(n, INF, INF, N, kk), cluster)
-                    prog.add({lat: 1, sigma: -b.t(base), lam: -b.t(base)}, ">=", -b.t(base), "P9 dp latency")
-                    for table, x, intra in ((g.level_intra, x_i, True), (g.level_inter, x_e, False)):
-                        for level, zeta in table.items():
-                            bw = b.levels[level]
-                            links = GroupLinks(n, bw, INF, N, kk) if intra else GroupLinks(n, INF, bw, N, kk)
-                            coef = b.t(cost.collective_time(kind, message, links, cluster) - base)
-                            if coef > 0:
-                                prog.add({x: 1, sigma: -coef, zeta: -coef, lam: -coef}, ">=", -2 * coef,
-                                         "P9 dp part")
-            parts = {x_i: -1} if x_e == x_i else {x_i: -1, x_e: -1}
-            prog.add({slowest: 1, **parts, lat: -1}, ">=", 0, "P9 slowest dp group")
+        messages = {q: dp_sync_parts(b.inst, b.template, k, q)[part][1] for q in qs} if groups else {}
+        slowest = sync_time(b, i, groups, kind, messages, str(part), "dp", "P9")
+        if slowest is None:  # no dp groups, or zero 2 with a shard group of one rank: only the replicas exchange (P9')
+            slowest = prog.var(f"DP[{i},{part}]")
         experts = expert_sync_time(b, i, edp, kind, qs, str(part))
         if c.dp_replicate > 1:  # (P9') the replicas' all-reduce of the gradient shard, in the same window
             experts = sync_time(b, i, b.rep_groups[i], "all_reduce", {q: sharding.replica_messages(

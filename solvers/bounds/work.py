@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from formulation.physics import layer_kinds
 from formulation.physics.stage import stage_constants
-from formulation.physics.v_schedules import V_FAMILIES
+from formulation.physics.v_schedules import V_FAMILIES, output_stage
 from formulation.space import Config, placement_for
 
 from solvers.bounds.levels import cluster_extremes, level_units, span_bandwidth
@@ -36,7 +36,8 @@ _SAFETY = 1 - 1e-9
 
 
 class WorkBound:
-    """(B0) for the configurations of one instance, with W cached per (tp, cp, micro_batch_size, recompute)."""
+    """(B0) for the configurations of one instance, with W cached per (tp, cp, micro_batch_size, recompute, ep, etp,
+    MoE overlap, schedule)."""
 
     def __init__(self, instance):
         self.instance = instance
@@ -45,14 +46,17 @@ class WorkBound:
 
     def work(self, config: Config) -> float:
         """W: the compute of one micro-batch summed over all stages, in seconds."""
+        # everything the constants below read: the layer's sizes, and the schedule, which places the output layer
         key = (config.tp, config.cp, config.micro_batch_size, config.recompute, config.ep, config.etp,
-               config.moe_a2a_overlap)
+               config.moe_a2a_overlap, config.schedule)
         if key not in self._work:
             inst = self.instance
             world = config.tp * config.pp * config.cp * config.dp
             p = placement_for(config, (1,) * config.pp, range(world))
-            # the last stage's constants carry the output layer; per-layer terms are the same on every stage
-            ks = [stage_constants(inst, p, config.pp - 1, g) for g in inst.cluster.gpu_types.values()]
+            # the output stage's constants carry the output layer (the last stage, the first in a V (S3));
+            # per-layer terms are the same on every stage
+            ks = [stage_constants(inst, p, output_stage(config.schedule, config.pp), g)
+                  for g in inst.cluster.gpu_types.values()]
             cluster = inst.cluster
             experts = expert_layer_floor(inst, p, *cluster_extremes(cluster), *level_units(cluster),
                                          span_bandwidth(cluster))

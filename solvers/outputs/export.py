@@ -130,7 +130,7 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
     notes += model_notes
     if not model.dropout:  # the memory model stores no dropout masks for this model
         args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
-    args += precision_arguments(job)
+    args += precision_arguments(job) + grad_reduce_arguments(job)
     args.append(("--attention-backend", "flash" if job.flash_attention else "unfused"))
     if p.tp > 1 and job.sequence_parallel:
         args.append(("--sequence-parallel", None))
@@ -213,6 +213,16 @@ def precision_arguments(job) -> list[tuple[str, object]]:
         if job.fp8_weights:
             args.append(("--fp8-param-gather", None))
     return args
+
+
+def grad_reduce_arguments(job) -> list[tuple[str, object]]:
+    """The dtype Megatron-LM accumulates and reduces gradients in, the one the plan priced (`job.grad_reduce_bytes`,
+    docs/model.md (C11)-(C12)): fp32 by --accumulate-allreduce-grads-in-fp32 (core_v0.16.1's validate_args sets it
+    itself under --bf16 with fp32 main grads, not under --fp16: said either way), bf16 by --grad-reduce-in-bf16
+    (which turns the fp32 default off); a 16-bit reduce of an fp16 run is Megatron-LM's own default."""
+    if job.grad_reduce_bytes >= 4:
+        return [("--accumulate-allreduce-grads-in-fp32", None)]
+    return [("--grad-reduce-in-bf16", None)] if job.precision != "fp16" else []
 
 
 def megatron_args_script(instance, plan) -> str:

@@ -302,9 +302,11 @@ def _raise(surv, options, everything, result, deadline, refine, last: float = 0.
 def unit_bound(sub, config, caps) -> float:
     """(B1)'s pipeline alone, without its least slowest stage search: every layer at least u, the layer time with
     every group at its best shape over `sub`'s fastest links (solvers/bounds/parts.py), so the slowest stage takes
-    at least u max(L / pp, vpp ceil(L / (pp vpp))) and all stages u L; (C9) m M + (S - M) / vpp is then at least
-    (m - 1/vpp) that + u L / vpp, plus the least overhead. A millisecond where (B1) takes a tenth of a second, and
-    within 1 % of it on h100_1024's configurations. A model mixing dense and MoE layers: -inf (not used).
+    at least u max(L / pp, vpp ceil(L / (pp vpp))) = M and all stages u L = S; the schedule's own floor of (M, S)
+    (`Parts.schedule`: (C9) m M + (S - M) / vpp, less the weight gradients' 2 W_total / vpp under zero bubble (S1),
+    m M alone for a V (S3), whose bubble is not the interleaved one), plus the least overhead. A millisecond where
+    (B1) takes a tenth of a second, and within 1 % of it on h100_1024's configurations. A model mixing dense and
+    MoE layers: -inf (not used).
 
     `sub` may hold more GPUs than the configuration's world (the replan passes every survivor): its fastest links,
     its spans (the N-th largest of the nodes' (N-1)-th fastest links) and its node count are at least those of any
@@ -315,7 +317,7 @@ def unit_bound(sub, config, caps) -> float:
     L, P, v = sub.model.num_layers, config.pp, config.vpp
     heaviest = max(L / P, v * -(-L // (P * v)))
     overhead = min(g.iteration_overhead_s for g in sub.cluster.gpu_types.values())
-    return ((b.m - 1 / v) * b.u * heaviest + b.u * L / v + overhead) * (1 - 1e-9)
+    return (b.schedule(b.u * heaviest, b.u * L) + overhead) * (1 - 1e-9)
 
 
 def sharpened_work_bound(instance, work_bound: WorkBound):
