@@ -9,6 +9,7 @@ separates shape from stack: IBM fms-fsdp's and torchtitan's Llama-2-70B runs on 
     python docs/size_trend.py validate.json    # the tables of docs/validation.md, "Model size"
 """
 
+import dataclasses
 import json
 import math
 import statistics
@@ -16,6 +17,7 @@ import sys
 from collections import defaultdict
 
 from formulation.evaluate import evaluate
+from formulation.inputs.gpus import gpu_catalog
 from solvers.validation import crossval
 
 MIN_ROWS = 4  # a group needs this many runs and two hidden sizes to have a slope
@@ -128,6 +130,29 @@ def same_work_pair(recs: list[dict]) -> None:
                   f"{stored:.2f} | {pct(stored / x['measured_s'] - 1)} |")
 
 
+def at_megatron_efficiency(recs: list[dict]) -> None:
+    """The PyTorch stacks' A100 rows scored with the stored calibration and with Megatron-Core's A100 GEMM
+    efficiency in place of their stack's (one row at a time, `matmul_efficiency` replaced in the instance)."""
+    megatron = gpu_catalog("megatron")
+    print("\nA100 rows of the PyTorch stacks at their stack's and at Megatron-Core's GEMM efficiency\n")
+    print("| row | model | torch.compile | stored calibration | Megatron-Core's efficiency |")
+    print("|---|---|---|---|---|")
+    runs = {r.row: r for r in crossval.reference_runs()}
+    for x in sorted(recs, key=lambda x: x["row"]):
+        if x["gpu"] != "a100-sxm-80gb" or x["family"] not in ("IBM fms-fsdp", "torchtitan benchmarks"):
+            continue
+        run = runs[x["row"]]
+        types = run.instance.cluster.gpu_types
+        stored = evaluate(run.instance, run.placement).iteration_time_s
+        saved = dict(types)
+        for name, gpu in saved.items():
+            types[name] = dataclasses.replace(gpu, matmul_efficiency=megatron[x["gpu"]]["matmul_efficiency"])
+        swapped = evaluate(run.instance, run.placement).iteration_time_s
+        types.update(saved)
+        print(f"| {x['row']} | {x['model']} | {'yes' if x['compiled'] else 'no'} | "
+              f"{pct(stored / x['measured_s'] - 1)} | {pct(swapped / x['measured_s'] - 1)} |")
+
+
 def main(path: str) -> None:
     with open(path) as handle:
         recs = records(json.load(handle)["predictions"])
@@ -136,6 +161,7 @@ def main(path: str) -> None:
     table(recs, lambda x: (x["family"], x["gpu"], x["precision"]), "Per cluster (source / GPU / precision)")
     centred(recs)
     same_work_pair(recs)
+    at_megatron_efficiency(recs)
 
 
 if __name__ == "__main__":
