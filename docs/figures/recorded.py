@@ -9,6 +9,10 @@ recorded("fewshot-rules-by-runs", "docs/validation.md", "python docs/fewshot_pai
 recorded("fewshot-every-pair", "docs/validation.md", "python docs/fewshot_pairs.py --per-cluster", "32ee563")
 recorded("fewshot-disagreement", "docs/validation.md", "python docs/fewshot_pairs.py --disagreement", "b66c361")
 recorded("vendor-configs", "docs/validation.md", "python docs/vendor_configs.py", "3a218b3")
+SIZE_TREND = "solve validate --json > v.json && python docs/size_trend.py v.json"
+recorded("size-trend", "docs/validation.md", SIZE_TREND, "9344eb2")
+recorded("size-trend-pair", "docs/validation.md", SIZE_TREND, "9344eb2")
+recorded("size-trend-megatron-efficiency", "docs/validation.md", SIZE_TREND, "9344eb2")
 
 # docs/physics.md
 recorded("fixed-parameter-sensitivity", "docs/physics.md",
