@@ -43,13 +43,12 @@ def sizes_of(job: dict, world: int):
             yield tp, pp, cp, world // (tp * pp * cp), mbs, vpp, recompute, zero
 
 
-def brute_force_with_schedules(instance, data) -> float:
-    """Every configuration, schedule family, layer split and GPU map, scored by evaluate() alone."""
+def scored_placements(instance, data, families):
+    """The estimate of every placement the brute forces try: each configuration of the job's sizes, schedule family
+    of `families(pp, vpp)`, layer split and GPU map that check_placement admits, scored by evaluate() alone."""
     world, layers = instance.cluster.num_gpus, instance.model.num_layers
-    best = float("inf")
     for tp, pp, cp, dp, mbs, vpp, recompute, zero in sizes_of(data["training"], world):
-        families = ["1f1b"] + (["zero_bubble"] if pp > 1 and vpp > 1 else [])
-        for family, split in itertools.product(families, splits(layers, pp, vpp)):
+        for family, split in itertools.product(families(pp, vpp), splits(layers, pp, vpp)):
             probe = Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, tuple(range(world)),
                               schedule=family)
             try:
@@ -57,10 +56,15 @@ def brute_force_with_schedules(instance, data) -> float:
             except InputError:
                 continue
             for gpus in itertools.permutations(range(world)):
-                est = evaluate(instance, replace_gpus(probe, gpus), check=False)
-                if est.fits:
-                    best = min(best, est.iteration_time_s)
-    return best
+                yield family, evaluate(instance, replace_gpus(probe, gpus), check=False)
+
+
+def brute_force_with_schedules(instance, data) -> float:
+    """Every configuration, schedule family, layer split and GPU map, scored by evaluate() alone."""
+    def families(pp: int, vpp: int) -> list[str]:
+        return ["1f1b"] + (["zero_bubble"] if pp > 1 and vpp > 1 else [])
+    return min((est.iteration_time_s for _, est in scored_placements(instance, data, families) if est.fits),
+               default=float("inf"))
 
 
 def replace_gpus(p: Placement, gpus) -> Placement:

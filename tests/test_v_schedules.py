@@ -4,19 +4,17 @@ backends, and the torchtitan export."""
 
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import replace
 
 import pytest
 from conftest import AVAILABLE_BACKENDS, seeds_by_backend
-from test_schedules_exact import replace_gpus, schedule_instance, sizes_of, splits
+from test_schedules_exact import schedule_instance, scored_placements
 
 from formulation import evaluate, instance_from_dict
 from formulation.physics import v_schedules
 from formulation.physics.pipeline_sim import simulate
 from formulation.physics.schedules import FAMILIES
-from formulation.placement import Placement, check_placement
 from formulation.space import configurations
 from solvers import solve
 
@@ -99,24 +97,14 @@ def v_instance(seed: int) -> dict:
 def brute_force(instance, data) -> float:
     """Every configuration, schedule family, layer split and GPU map, scored by evaluate() alone; checks on the way
     that every V stage has B >= F (what lets the program drop ZBV's 2F - B rows)."""
-    world, layers = instance.cluster.num_gpus, instance.model.num_layers
+    def families(pp: int, vpp: int) -> list[str]:
+        return [f for f in FAMILIES if f != "zero_bubble" or vpp > 1]  # ZBH1 (zero bubble, vpp 1): no stack runs it
     best = float("inf")
-    for tp, pp, cp, dp, mbs, vpp, recompute, zero in sizes_of(data["training"], world):
-        for family, split in itertools.product(FAMILIES, splits(layers, pp, vpp)):
-            if family == "zero_bubble" and vpp == 1:
-                continue  # ZBH1: no stack runs it
-            probe = Placement(tp, pp, cp, dp, vpp, mbs, recompute, zero, split, tuple(range(world)),
-                              schedule=family)
-            try:
-                check_placement(instance, probe, "brute force")
-            except Exception:
-                continue
-            for gpus in itertools.permutations(range(world)):
-                est = evaluate(instance, replace_gpus(probe, gpus), check=False)
-                if family in v_schedules.V_FAMILIES:
-                    assert all(s.input_grad_s >= s.forward_compute_s for s in est.stages)
-                if est.fits:
-                    best = min(best, est.iteration_time_s)
+    for family, est in scored_placements(instance, data, families):
+        if family in v_schedules.V_FAMILIES:
+            assert all(s.input_grad_s >= s.forward_compute_s for s in est.stages)
+        if est.fits:
+            best = min(best, est.iteration_time_s)
     return best
 
 

@@ -1,6 +1,7 @@
-"""The pipeline schedule of one iteration as an event simulation of Megatron-LM's order (warm-up forwards,
-steady 1F1B, cool-down; interleaved chunks), from the estimate's per-stage forward/backward times and
-per-boundary send times, with its critical path. `schedule.png` draws it."""
+"""The pipeline schedule of one iteration, each op with its start and end, from the estimate's per-stage
+forward/backward times and per-boundary send times, with its critical path: the schedule's op order (Megatron-LM's
+warm-up forwards, steady 1F1B, cool-down, interleaved chunks; torch's zero-bubble orders) run through the event
+simulation of formulation/physics/pipeline_sim.py. `schedule.png` draws it."""
 
 from __future__ import annotations
 
@@ -59,93 +60,29 @@ def wrap_time(instance, p) -> float:
 
 
 def simulate_schedule(instance, placement, estimate) -> Schedule:
-    """Event simulation of one iteration: each stage runs its ops in Megatron's order; an op starts when its
-    stage is free and its input has arrived (the producing op's end plus the p2p send time of that link).
-    A zero-bubble plan runs torch's order of its schedule (`simulate_zero_bubble`)."""
-    if placement.schedule != "1f1b":
-        return simulate_zero_bubble(instance, placement, estimate)
+    """One iteration through the event simulation of formulation/physics/pipeline_sim.py: each stage runs its ops
+    in its schedule's order; an op starts when its stage is free and its input has arrived (the producing op's end
+    plus the p2p send time of that link). 1F1B and interleaved 1F1B run Megatron's order (`stage_order`), each
+    backward whole (B); a zero-bubble plan runs torch's order of its schedule (formulation/physics/
+    schedule_orders.py, docs/schedules.md), each stage's backward split into its input gradient (drawn as B) and
+    its weight gradient W."""
     p, m, vpp = placement, estimate.num_micro_batches, placement.vpp
-    boundary = list(estimate.p2p_boundary_s)
-    wrap = wrap_time(instance, p) if vpp > 1 else 0.0
-    last_virtual = vpp * p.pp - 1
-    ops = {}
-    queues = []
-    for i in range(p.pp):
-        queue = []
-        for kind, chunk, mb in stage_order(i, p.pp, m, vpp):
-            op = Op(i, kind, chunk, mb)
-            ops[(kind, chunk * p.pp + i, mb)] = op
-            queue.append(op)
-        queues.append(queue)
-
-    def link(v: int) -> float:  # send time between virtual stages v and v + 1
-        return boundary[v % p.pp] if v % p.pp < p.pp - 1 else wrap
-
-    def dependency(op: Op) -> tuple[Op | None, float]:
-        v = op.chunk * p.pp + op.stage
-        if op.kind == "F":
-            return (ops[("F", v - 1, op.micro_batch)], link(v - 1)) if v > 0 else (None, 0.0)
-        if v == last_virtual:
-            return ops[("F", v, op.micro_batch)], 0.0
-        return ops[("B", v + 1, op.micro_batch)], link(v)
-
-    durations = [(s.forward_s / vpp, s.backward_s / vpp) for s in estimate.stages]
-    done: set[int] = set()
-    nxt, free, last = [0] * p.pp, [0.0] * p.pp, [None] * p.pp
-    remaining = sum(len(q) for q in queues)
-    while remaining:
-        progressed = False
-        for i, queue in enumerate(queues):
-            while nxt[i] < len(queue):
-                op = queue[nxt[i]]
-                dep, send = dependency(op)
-                if dep is not None and id(dep) not in done:
-                    break
-                ready = dep.end + send if dep is not None else 0.0
-                op.start = max(free[i], ready)
-                op.cause = last[i] if free[i] >= ready and last[i] is not None else dep
-                if dep is not None and send > 0:
-                    op.comm = (dep.end, ready)
-                op.end = op.start + durations[i][0 if op.kind == "F" else 1]
-                free[i], last[i] = op.end, op
-                done.add(id(op))
-                nxt[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("schedule simulation deadlocked (inconsistent op order)")
-    everything = [op for q in queues for op in q]
-    end = max(everything, key=lambda o: o.end)
-    return Schedule(everything, end.end, _critical_path(end))
-
-
-def simulate_zero_bubble(instance, placement, estimate) -> Schedule:
-    """A zero-bubble plan's iteration (docs/schedules.md): torch's ZB-H1 / InterleavedZeroBubble order of each
-    rank (formulation/physics/schedule_orders.py) through the event simulation of formulation/physics/pipeline_sim.py,
-    each stage's backward split into its input gradient (drawn as B) and its weight gradient W."""
-    p, m, vpp = placement, estimate.num_micro_batches, placement.vpp
-    v_shaped = p.schedule in v_schedules.V_FAMILIES  # ZBVZeroBubble, DualPipeV: torch's order on a V (S3)
-    orders = {r: v_schedules.order(p.schedule, r, p.pp, m) if v_shaped else
-              schedule_orders.looped(r, p.pp, m, vpp, zero_bubble=True) for r in range(p.pp)}
     stages = estimate.stages
+    v_shaped = p.schedule in v_schedules.V_FAMILIES  # ZBVZeroBubble, DualPipeV: torch's order on a V (S3)
+    if p.schedule == "1f1b":
+        orders = {r: [(kind, chunk * p.pp + r, mb) for kind, chunk, mb in stage_order(r, p.pp, m, vpp)]
+                  for r in range(p.pp)}
+        backward, weight = [s.backward_s for s in stages], [0.0] * p.pp  # B lasts backward + weight: backward_s
+    else:
+        orders = {r: v_schedules.order(p.schedule, r, p.pp, m) if v_shaped else
+                  schedule_orders.looped(r, p.pp, m, vpp, zero_bubble=True) for r in range(p.pp)}
+        backward, weight = [s.input_grad_s for s in stages], [s.weight_grad_s for s in stages]
     makespan, sim_ops = pipeline_sim.simulate(
-        orders, p.pp, vpp, "v" if v_shaped else "loop", [s.forward_s for s in stages],
-        [s.input_grad_s for s in stages], [s.weight_grad_s for s in stages], list(estimate.p2p_boundary_s),
-        wrap_time(instance, p) if vpp > 1 and not v_shaped else 0.0)
-    path = {id(o) for o in pipeline_sim.critical_path(sim_ops)}
+        orders, p.pp, vpp, "v" if v_shaped else "loop", [s.forward_s for s in stages], backward, weight,
+        list(estimate.p2p_boundary_s), wrap_time(instance, p) if vpp > 1 and not v_shaped else 0.0)
+    path = pipeline_sim.critical_path(sim_ops)
     ops = {id(o): Op(o.rank, "B" if o.kind == "I" else o.kind, o.stage // p.pp, o.micro_batch, o.start, o.end, o.comm,
-                     critical=id(o) in path) for o in sim_ops}
+                     critical=o.critical) for o in sim_ops}
     for o in sim_ops:
         ops[id(o)].cause = ops[id(o.cause)] if o.cause is not None else None
-    critical = sorted((op for op in ops.values() if op.critical), key=lambda op: op.start)
-    return Schedule(list(ops.values()), makespan, critical)
-
-
-def _critical_path(end: Op) -> list[Op]:
-    """Back from the last op to finish along what held each op up (its stage or its input), marked critical."""
-    path, op = [], end
-    while op is not None:
-        op.critical = True
-        path.append(op)
-        op = op.cause
-    return path[::-1]
+    return Schedule(list(ops.values()), makespan, [ops[id(o)] for o in path])
