@@ -263,8 +263,9 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
     return StageEstimate(
         stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
         tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
-        dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
-            (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
+        dp_sync_s=dp_sync + layers * lt.step, dp_exposed_s=dp_exposed + layers * lt.step,  # (C12) once per step
+        optimizer_s=cost.optimizer_step_time((opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2],
+                                             gpu_type),
         memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep,
         weight_grad_s=k.weight_grad(layers), forward_compute_s=k.window_f(layers))
 
@@ -294,7 +295,8 @@ def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: Stage
     return StageEstimate(
         stage=i, layers=layers, gpu_type=sf.gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
         tp_comm_s=per_kind("tp"), cp_comm_s=per_kind("cp"), zero3_comm_s=per_kind("zero3"),
-        dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
+        dp_sync_s=dp_sync + per_kind("step"), dp_exposed_s=dp_exposed + per_kind("step"),
+        optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], sf.gpu_type),
         memory=_stage_memory(instance, full, i, layers, sf.gpus, plain=memory_coefficients(instance, plain, i),
                              plain_layers=n_p), weight_grad_s=k.weight_grad(layers),

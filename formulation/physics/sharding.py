@@ -17,6 +17,8 @@ replicated across dp_replicate such groups:
   replicas followed by the all-reduce of the layer's gradient shard across them (FSDP1's HYBRID_SHARD and FSDP2's
   HSDP reduce each FSDP unit in its backward: `_post_backward_hook` reduce-scatters in the shard group, then
   all-reduces the shard in the replicate group), hidden behind the layer's backward as the reduce-scatter is.
+  torchtitan's pipeline stages (pp > 1) instead gather in the step's first forward and reduce once after their last
+  backward (`grad_sync_once_per_step`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ def state_divisors(p) -> tuple[int, int, int]:
 def per_layer_reduce_scatter(p) -> bool:
     """(C12) Whether each layer's gradients are reduce-scattered in every micro-batch's backward (zero 2 and 3)."""
     return p.zero_stage >= 2
+
+
+def grad_sync_once_per_step(job, p) -> bool:
+    """(C12) torchtitan with pipeline parallelism (pp > 1) and FSDP (zero 3, HSDP too): torch.distributed.
+    pipelining's stage turns FSDP's gradient sync and its reshard after backward off for every backward
+    (`backward_maybe_with_nosync`) and reduces once after the stage's last backward (`perform_reduce_grad`, the
+    schedules' REDUCE_GRAD), so the reduce-scatters (and HSDP's replica all-reduces) run once per step; the
+    parameters, gathered by the step's first forward, stay unsharded (torchtitan's default
+    `fsdp_reshard_after_forward` with pp; resharded after each forward otherwise, and gathered again by each
+    backward)."""
+    return job.software_stack == "torchtitan" and p.pp > 1 and p.zero_stage >= 3
 
 
 def backward_gathers(p) -> bool:
