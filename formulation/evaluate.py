@@ -217,9 +217,9 @@ def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float
         ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
     if sharding.per_layer_reduce_scatter(p) and dp_links:  # zero 2 and 3 (C12)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster) for lk in dp_links)
-    if sharding.per_layer_reduce_scatter(p) and rep_links:  # then the layer's shard all-reduced across replicas
-        rs += max(cost.collective_time("all_reduce", sharding.layer_replica_bytes(instance, p, k.layer_params), lk,
-                                       cluster) for lk in rep_links)
+    replica = sharding.layer_replica_bytes(instance, p, k.layer_params) if rep_links else 0.0
+    if replica:  # zero 2 and 3: then the layer's shard all-reduced across replicas (not Megatron-FSDP's, (C11))
+        rs += max(cost.collective_time("all_reduce", replica, lk, cluster) for lk in rep_links)
     ep = moe_cost.moe_fraction(model) * moe_layer  # 1 or 0: a model of one kind
     return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs, ep), dp_links, gpus, edp_links,
                       rep_links=rep_links)

@@ -234,17 +234,22 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
     the shard groups; with replicas (dp_replicate > 1) the reduce-scatter part also carries the all-reduce of the
     gradient shard across them (`sharding.replica_messages`, added by `dp_sync`). zero 2 reduce-scatters (and
     all-reduces across replicas) per layer instead (C12) and all-gathers here; zero 3 synchronises per layer.
+    Megatron-FSDP (zero 2 and 3 on the megatron stack) with replicas: the replicas' all-reduce of the stage's
+    gradient shard here, once, behind the last backward (an "all_reduce" part whose shard-group message is 0).
     """
     job = instance.training
+    # Megatron-FSDP's replicas all-reduce once per step (sharding.replica_messages): a part with no shard message
+    replicas = [("all_reduce", 0.0, job.overlap_grad_reduce, k.window_b(layers))] \
+        if sharding.replica_reduce_once_per_step(job, p) else []
     if p.dp * p.cp == 1 or p.zero_stage >= 3:
-        return []
+        return replicas if p.dp * p.cp > 1 else []
     w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
     params = k.stage_params(layers)
     if p.zero_stage == 0:
         return [("all_reduce", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers))]
     sharded = p.shard_size > 1  # a shard group of one rank (dp_replicate = dp, cp = 1) exchanges nothing
-    parts = [] if p.zero_stage == 2 else [("reduce_scatter", params * g_bytes if sharded else 0.0,
-                                          job.overlap_grad_reduce, k.window_b(layers))]
+    parts = replicas if p.zero_stage == 2 else [("reduce_scatter", params * g_bytes if sharded else 0.0,
+                                                job.overlap_grad_reduce, k.window_b(layers))]
     return parts + [("all_gather", params * w_bytes if sharded else 0.0, job.overlap_param_gather, k.window_f(layers))]
 
 

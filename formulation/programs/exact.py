@@ -276,7 +276,8 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     X >= A(s, b_k, q) (sigma_s + zeta_k + lambda[i, q] - 2)."""
     prog, c, cluster = b.prog, b.c, b.cluster
     edp = expert_dp_groups(b, i) if c.zero_stage < 3 else []  # (P15) mixture-of-experts: the experts' sync
-    if (c.dp * c.cp == 1 and not edp) or c.zero_stage >= 3:
+    if (c.dp * c.cp == 1 and not edp) or (c.zero_stage >= 3 and not sharding.replica_reduce_once_per_step(
+            b.inst.training, c)):
         return None
     k = b.stage_constants[i]
     qs = sorted(q for (stage, q) in prog.layers if stage == i)
