@@ -5,7 +5,8 @@ a stage and reduces once after the stage's last backward (`backward_maybe_with_n
 and torchtitan's default `fsdp_reshard_after_forward` keeps the parameters gathered with pp > 1: the gather of the
 step's first forward and the reduce-scatter (HSDP: then the replicas' all-reduce) leave the micro-batch and are
 exposed once per step. Derived figures on Llama-3 70B (h100_128 on the torchtitan stack), and the exact program
-equal to the evaluator and to brute force on seeded small torchtitan instances with pp free, both backends.
+equal to the evaluator and to brute force on seeded small torchtitan instances with pp free, both backends, and to
+the evaluator with the schedule free.
 """
 
 from __future__ import annotations
@@ -128,3 +129,17 @@ def test_every_pipelined_fsdp_program_equals_the_evaluator(seed, backend):
     instance = instance_from_dict(titan_instance(seed))
     configs = programs_equal_the_evaluator(instance, backend, 0)
     assert any(sharding.grad_sync_once_per_step(instance.training, c) for c in configs), configs
+
+
+@pytest.mark.parametrize("seed,backend", seeds_by_backend([1, 3]))
+def test_pipelined_fsdp_programs_equal_the_evaluator_under_every_schedule(seed, backend):
+    """The same with the schedule free (1F1B, interleaved at vpp 2, InterleavedZeroBubble, ZBVZeroBubble: (P12'),
+    (P12'') take the once-per-step sync through delta as (P9)'s), eager so the zero-bubble schedules run."""
+    data = titan_instance(seed)
+    data["model"]["num_hidden_layers"] = 4
+    data["training"].update(torch_compile=False, virtual_pipeline_sizes=[1, 2], pipeline_schedules=[
+        "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"])
+    instance = instance_from_dict(data)
+    configs = programs_equal_the_evaluator(instance, backend, 0)
+    assert {c.schedule for c in configs if sharding.grad_sync_once_per_step(instance.training, c)} == {
+        "1f1b", "zero_bubble", "zbv"}, configs
