@@ -143,3 +143,13 @@ def test_pipelined_fsdp_programs_equal_the_evaluator_under_every_schedule(seed, 
     configs = programs_equal_the_evaluator(instance, backend, 0)
     assert {c.schedule for c in configs if sharding.grad_sync_once_per_step(instance.training, c)} == {
         "1f1b", "zero_bubble", "zbv"}, configs
+
+
+def test_the_incremental_scorer_prices_the_once_per_step_sync_as_the_evaluator(titan):
+    """solvers/local/fast_score.py on the pipelined HSDP plan: random GPU swaps and layer moves, each proposal
+    scored as evaluate() scores it (the scorer composes the evaluator's own stage functions)."""
+    from test_annealing import walk
+
+    config = _hsdp(titan, keep=True).config
+    assert sharding.grad_sync_once_per_step(titan.training, config)
+    assert walk(titan, config, 150, seed=3, check_every=5) >= 20
