@@ -217,9 +217,9 @@ def links_from_groups(instance, p: Placement, i: int, gpus, tp: float, cp: float
         ag = max(cost.collective_time("all_gather", k.layer_params * w_bytes, lk, cluster) for lk in dp_links)
     if sharding.per_layer_reduce_scatter(p) and dp_links:  # zero 2 and 3 (C12)
         rs = max(cost.collective_time("reduce_scatter", k.layer_params * g_bytes, lk, cluster) for lk in dp_links)
-    if sharding.per_layer_reduce_scatter(p) and rep_links:  # then the layer's shard all-reduced across replicas
-        rs += max(cost.collective_time("all_reduce", sharding.layer_replica_bytes(instance, p, k.layer_params), lk,
-                                       cluster) for lk in rep_links)
+    replica = sharding.layer_replica_bytes(instance, p, k.layer_params) if rep_links else 0.0
+    if replica:  # zero 2 and 3: then the layer's shard all-reduced across replicas (not Megatron-FSDP's, (C11))
+        rs += max(cost.collective_time("all_reduce", replica, lk, cluster) for lk in rep_links)
     ep = moe_cost.moe_fraction(model) * moe_layer  # 1 or 0: a model of one kind
     return StageLinks(gpu_type, k, layer_time(k, job.tp_comm_overlap, tp, cp, ag, rs, ep), dp_links, gpus, edp_links,
                       rep_links=rep_links)
@@ -263,8 +263,9 @@ def stage_estimate(instance, p: Placement, i: int, layers: int, links: StageLink
     return StageEstimate(
         stage=i, layers=layers, gpu_type=gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
         tp_comm_s=layers * lt.tp, cp_comm_s=layers * lt.cp, zero3_comm_s=layers * lt.zero3,
-        dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
-            (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], gpu_type),
+        dp_sync_s=dp_sync + layers * lt.step, dp_exposed_s=dp_exposed + layers * lt.step,  # (C12) once per step
+        optimizer_s=cost.optimizer_step_time((opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2],
+                                             gpu_type),
         memory=_stage_memory(instance, p, i, layers, sl.gpus), ep_comm_s=layers * lt.ep,
         weight_grad_s=k.weight_grad(layers), forward_compute_s=k.window_f(layers))
 
@@ -294,7 +295,8 @@ def _block_stage_estimate(instance, p: Placement, i: int, layers: int, sf: Stage
     return StageEstimate(
         stage=i, layers=layers, gpu_type=sf.gpu_type.name, forward_s=fwd, backward_s=bwd, compute_s=compute,
         tp_comm_s=per_kind("tp"), cp_comm_s=per_kind("cp"), zero3_comm_s=per_kind("zero3"),
-        dp_sync_s=dp_sync, dp_exposed_s=dp_exposed, optimizer_s=cost.optimizer_step_time(
+        dp_sync_s=dp_sync + per_kind("step"), dp_exposed_s=dp_exposed + per_kind("step"),
+        optimizer_s=cost.optimizer_step_time(
             (opt_fixed + opt_per_layer * layers) / job.bytes_per_param_state[2], sf.gpu_type),
         memory=_stage_memory(instance, full, i, layers, sf.gpus, plain=memory_coefficients(instance, plain, i),
                              plain_layers=n_p), weight_grad_s=k.weight_grad(layers),

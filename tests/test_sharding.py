@@ -66,7 +66,7 @@ def test_hsdp_sync_is_the_shard_groups_collectives_plus_the_replicas_all_reduce(
     """zero 1 with 16 instances of 8 GPUs (one node each) at tp = 1: the reduce-scatter of the whole model's fp32
     gradients (282 GB) inside a node, then the all-reduce of its 1/8 shard (35 GB) across the 16 nodes, then the
     all-gather of the bf16 weights inside the node; the sum is what the estimate reports as the dp sync. zero 3
-    syncs per layer instead."""
+    syncs per layer instead (Megatron-FSDP's replicas once per step)."""
     cluster = h100.cluster
     p = dataclasses.replace(default_placement(h100, tp=1, pp=1, zero_stage=1, micro_batch_size=1), dp_replicate=16)
     assert p.shard_groups(0).shape == (16, 8) and p.replicate_groups(0).shape == (8, 16)
@@ -81,16 +81,27 @@ def test_hsdp_sync_is_the_shard_groups_collectives_plus_the_replicas_all_reduce(
                 + cost.collective_time("all_gather", stage_params * 2, node, cluster))
     est = evaluate(h100, p)
     assert est.stages[0].dp_sync_s == pytest.approx(expected, rel=1e-9)
-    # zero 3 (HSDP): nothing after the backward; each layer's reduce-scatter in the node is followed by the
-    # all-reduce of its 1/8 shard across the nodes, in every micro-batch's backward (FSDP's post-backward hook)
+    # zero 3 (HSDP) on torchtitan: nothing after the backward; each layer's reduce-scatter in the node is followed
+    # by the all-reduce of its 1/8 shard across the nodes, in every micro-batch's backward (FSDP's post-backward
+    # hook; pp = 1)
+    data = json.loads((REPO / "instances" / "h100_128.json").read_text())
+    data["training"]["software_stack"] = "torchtitan"
+    titan = instance_from_dict(data)
     z3 = dataclasses.replace(p, zero_stage=3)
-    assert evaluate(h100, z3).stages[0].dp_sync_s == 0.0
-    links = stage_links(h100, z3, 0)
+    assert evaluate(titan, z3).stages[0].dp_sync_s == 0.0
+    links = stage_links(titan, z3, 0)
     layer = links.constants.layer_params
     ag = cost.collective_time("all_gather", layer * 2, node, cluster)
-    rs = (cost.collective_time("reduce_scatter", layer * 4, node, cluster)
-          + cost.collective_time("all_reduce", layer * 4 / 8, across, cluster))
+    rs = cost.collective_time("reduce_scatter", layer * 4, node, cluster)
+    ar = cost.collective_time("all_reduce", layer * 4 / 8, across, cluster)
+    assert links.layer == layer_time(links.constants, titan.training.tp_comm_overlap, 0.0, 0.0, ag, rs + ar)
+    # Megatron-FSDP (the megatron stack) reduce-scatters in every micro-batch but all-reduces across the replicas
+    # on the last one only: each layer's backward pays the reduce-scatter alone, and after the last backward the
+    # whole model's 1/8 fp32 gradient shard (35 GB) is all-reduced across the 16 nodes, as zero 1's
+    links = stage_links(h100, z3, 0)
     assert links.layer == layer_time(links.constants, h100.training.tp_comm_overlap, 0.0, 0.0, ag, rs)
+    assert evaluate(h100, z3).stages[0].dp_sync_s == pytest.approx(
+        cost.collective_time("all_reduce", stage_params * 4 / 8, across, cluster), rel=1e-9)
 
 
 def test_gradients_reduced_in_bf16_halve_every_gradient_message_and_no_memory(h100):

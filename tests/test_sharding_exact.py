@@ -85,7 +85,11 @@ PROGRAM_SEEDS = [s for s in SEEDS if s != 8]  # seed 8 fits nothing (its search 
 
 @pytest.mark.parametrize("seed,backend", seeds_by_backend(SEEDS, slow_seeds=SEEDS[QUICK:]))
 def test_search_with_free_shard_degree_equals_brute_force(seed, backend):
-    data = sharded_instance(seed)
+    search_equals_brute_force(sharded_instance(seed), backend)
+
+
+def search_equals_brute_force(data: dict, backend: str) -> None:
+    """The search's plan of instance `data` against brute force (an instance that fits nothing: both say so)."""
     instance = instance_from_dict(data)
     expected = brute_force(instance, data)
     if expected == float("inf"):
@@ -102,7 +106,7 @@ def test_search_with_free_shard_degree_equals_brute_force(seed, backend):
 def test_every_sharded_program_equals_the_evaluator(seed, backend):
     """Each configuration's program that has a partition fitting in memory (dp_replicate > 1 and zero 2 among
     them) against evaluate() of its decoded placement, and the cheap bound below it."""
-    _programs_equal_the_evaluator(instance_from_dict(sharded_instance(seed)), backend, seed)
+    programs_equal_the_evaluator(instance_from_dict(sharded_instance(seed)), backend, seed)
 
 
 @pytest.mark.slow
@@ -111,12 +115,13 @@ def test_programs_with_gradients_reduced_in_bf16_equal_the_evaluator():
     memory to spare: every zero stage, replicas among them."""
     data = sharded_instance(1)
     data["training"]["grad_reduce_dtype"] = "bf16"
-    _programs_equal_the_evaluator(instance_from_dict(data), "cpsat", 1)
+    programs_equal_the_evaluator(instance_from_dict(data), "cpsat", 1)
 
 
-def _programs_equal_the_evaluator(instance, backend: str, seed: int) -> None:
+def programs_equal_the_evaluator(instance, backend: str, seed: int) -> list:
+    """Every fitting configuration's program against evaluate() of its decoded placement; returns them."""
     solver, gpu_type = backends.get(backend), next(iter(instance.cluster.gpu_types.values()))
-    checked = set()
+    checked, configs = set(), []
     for config in configurations(instance):
         if not partition_fits(instance, config, gpu_type)[0]:
             continue
@@ -127,6 +132,8 @@ def _programs_equal_the_evaluator(instance, backend: str, seed: int) -> None:
         assert out.objective_s == pytest.approx(est.iteration_time_s, rel=1e-6), config
         assert lower_bound(instance, config) <= est.iteration_time_s * (1 + 1e-9), config
         checked.add((config.zero_stage, config.dp_replicate > 1, config.reshard_after_forward))
+        configs.append(config)
     assert checked
     if seed % 2:  # memory to spare: every zero stage, and replicas among them
         assert any(replicas for _, replicas, _ in checked) and {z for z, _, _ in checked} == {1, 2, 3}, checked
+    return configs

@@ -17,6 +17,9 @@ replicated across dp_replicate such groups:
   replicas followed by the all-reduce of the layer's gradient shard across them (FSDP1's HYBRID_SHARD and FSDP2's
   HSDP reduce each FSDP unit in its backward: `_post_backward_hook` reduce-scatters in the shard group, then
   all-reduces the shard in the replicate group), hidden behind the layer's backward as the reduce-scatter is.
+  torchtitan's pipeline stages (pp > 1) instead gather in the step's first forward and reduce once after their last
+  backward (`grad_sync_once_per_step`); Megatron-FSDP (zero 2 and 3 on the megatron stack) all-reduces across
+  replicas once per step, after the last backward (`replica_reduce_once_per_step`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,26 @@ def state_divisors(p) -> tuple[int, int, int]:
 def per_layer_reduce_scatter(p) -> bool:
     """(C12) Whether each layer's gradients are reduce-scattered in every micro-batch's backward (zero 2 and 3)."""
     return p.zero_stage >= 2
+
+
+def grad_sync_once_per_step(job, p) -> bool:
+    """(C12) torchtitan with pipeline parallelism (pp > 1) and FSDP (zero 3, HSDP too): torch.distributed.
+    pipelining's stage turns FSDP's gradient sync and its reshard after backward off for every backward
+    (`backward_maybe_with_nosync`) and reduces once after the stage's last backward (`perform_reduce_grad`, the
+    schedules' REDUCE_GRAD), so the reduce-scatters (and HSDP's replica all-reduces) run once per step; the
+    parameters, gathered by the step's first forward, stay unsharded (torchtitan's default
+    `fsdp_reshard_after_forward` with pp; resharded after each forward otherwise, and gathered again by each
+    backward)."""
+    return job.software_stack == "torchtitan" and p.pp > 1 and p.zero_stage >= 3
+
+
+def replica_reduce_once_per_step(job, p) -> bool:
+    """(C12) Megatron-FSDP (the megatron stack's zero 2 and 3) with replicas: each micro-batch's backward
+    reduce-scatters in the shard group (`grad_reduce_every_bprop`), but the all-reduce across the outer (replica)
+    group runs on the last micro-batch only (`outer_fsdp_group_grad_reduce` = use_hybrid_fsdp and
+    is_last_microbatch, megatron_fsdp.py), after each bucket's reduce-scatter on its own stream, waited in
+    `finish_grad_sync`: once per step, behind the last backward as zero 1's (`replica_messages`)."""
+    return job.software_stack == "megatron" and p.zero_stage >= 2 and p.dp_replicate > 1
 
 
 def backward_gathers(p) -> bool:
@@ -58,19 +81,23 @@ def extra_groups(p) -> int:
 
 
 def replica_messages(instance, p, stage_params: float) -> dict:
-    """(C11) zero 1's all-reduce across replicas of the gradient shard, by the part of the dp sync it follows (its
-    reduce-scatter, whose window it shares): {"reduce_scatter": bytes} with dp_replicate > 1, else {} (zero 2 and 3
-    all-reduce per layer, `layer_replica_bytes`)."""
-    if p.dp_replicate == 1 or p.zero_stage != 1:
+    """(C11) The all-reduce across replicas of the stage's gradient shard after its last backward, by the part of the
+    dp sync it belongs to: zero 1's follows its reduce-scatter and shares its window ({"reduce_scatter": bytes});
+    Megatron-FSDP's (zero 2 and 3, `replica_reduce_once_per_step`) is a part of its own, {"all_reduce": bytes},
+    behind the last backward; {} without replicas, and for the other zero 2 and 3 stacks, which all-reduce per
+    layer (`layer_replica_bytes`)."""
+    once = replica_reduce_once_per_step(instance.training, p)
+    if p.dp_replicate == 1 or (p.zero_stage != 1 and not once):
         return {}
     g_bytes = instance.training.grad_reduce_bytes
-    return {"reduce_scatter": stage_params * g_bytes / p.shard_size}
+    return {"all_reduce" if once else "reduce_scatter": stage_params * g_bytes / p.shard_size}
 
 
 def layer_replica_bytes(instance, p, layer_params: float) -> float:
     """(C12) zero 2 and 3 with replicas: the all-reduce of one layer's gradient shard across replicas after its
-    reduce-scatter, in every micro-batch's backward (bytes; 0 without replicas)."""
-    if p.dp_replicate == 1 or p.zero_stage < 2:
+    reduce-scatter, in every micro-batch's backward (bytes; 0 without replicas, and for Megatron-FSDP, which
+    all-reduces once per step, `replica_messages`)."""
+    if p.dp_replicate == 1 or p.zero_stage < 2 or replica_reduce_once_per_step(instance.training, p):
         return 0.0
     return layer_params * instance.training.grad_reduce_bytes / p.shard_size
 

@@ -33,6 +33,9 @@ class StageConstants:
     backward_gathers_exposed: bool = False  # (C12) FSDP1's "post" backward prefetch: nothing hides them
     ep_overlap: bool = False  # (E10) Megatron-Core's MoE all-to-all overlap: expert communication beside compute
     backward_gathers: bool = True  # (C12) the backward gathers the layer's parameters again (not without reshard)
+    # (C12) torchtitan's pipeline stages (pp > 1, FSDP): parameters gathered in the step's first forward and the
+    # gradients reduced after the stage's last backward, once per step (sharding.grad_sync_once_per_step)
+    sync_once_per_step: bool = False
 
     @property
     def ep_passes(self) -> float:
@@ -93,7 +96,8 @@ def stage_constants(instance, p, stage: int, gpu_type, kind: str | None = None) 
         backward_gathers_exposed=(p.zero_stage >= 3 and job.fsdp_backward_prefetch == "post"
                                   and cost.term("fsdp_post_prefetch")),
         ep_overlap=getattr(p, "moe_a2a_overlap", False) and kind != "dense",
-        backward_gathers=p.zero_stage < 3 or p.reshard_after_forward)
+        backward_gathers=p.zero_stage < 3 or p.reshard_after_forward,
+        sync_once_per_step=sharding.grad_sync_once_per_step(job, p))
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ class LayerTime:
     cp: float
     zero3: float
     ep: float = 0.0  # expert-parallel dispatch and combine (mixture-of-experts layers, docs/moe.md (E7))
+    step: float = 0.0  # exposed once per step, not per micro-batch: (C12) torchtitan's pipelined FSDP sync
 
 
 def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: float, rs: float,
@@ -189,6 +194,10 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     combine of the mean layer over its slowest expert groups (backward the same again, full recompute once more;
     with the all-to-all overlap (E10) what compute leaves exposed, `StageConstants.ep_exposed`, shared between
     forward and backward as the passes are). Non-decreasing in every argument.
+    With `k.sync_once_per_step` (torchtitan's pipeline stages) the forward gather and the reduce-scatter leave
+    the micro-batch: `step` is what they expose once per step, the first forward's gather beyond the layer's
+    forward compute and the whole reduce after the stage's last backward (nothing left to hide it); a backward
+    gather (resharded after the forward) stays in every micro-batch.
     """
     if tp_overlap:  # what the GEMMs cannot hide, and at least the share contention leaves exposed
         num, den = cost.tp_overlap_exposed()
@@ -202,6 +211,9 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
     # Backward gathers once for the recompute forward and the backward (FSDP's pre-backward hook), unless the
     # forward's gathered parameters were kept (reshard_after_forward False).
     z3_f = max(0.0, ag - (k.f_compute + tp_f + cp_f))
+    step = 0.0
+    if k.sync_once_per_step:  # the first forward's gather beyond its compute (alone, as (C11)'s windows), the reduce
+        step, z3_f, rs = max(0.0, ag - k.f_compute) + rs, 0.0, 0.0
     ag_b = ag if k.backward_gathers else 0.0
     z3_b = ag_b + rs if k.backward_gathers_exposed else max(0.0, ag_b + rs - (k.b_compute + tp_b + cp_b))
     if k.ep_overlap:
@@ -212,7 +224,7 @@ def layer_time(k: StageConstants, tp_overlap: bool, tp: float, cp: float, ag: fl
         ep_f, ep_b = ep, ep * (k.ep_passes - 1)
     return LayerTime(forward=k.f_compute + tp_f + cp_f + z3_f + ep_f,
                      backward=k.b_compute + tp_b + cp_b + z3_b + ep_b,
-                     tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b, ep=ep_f + ep_b)
+                     tp=tp_f + tp_b, cp=cp_f + cp_b, zero3=z3_f + z3_b, ep=ep_f + ep_b, step=step)
 
 
 def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str, float, bool, float]]:
@@ -222,17 +234,22 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
     the shard groups; with replicas (dp_replicate > 1) the reduce-scatter part also carries the all-reduce of the
     gradient shard across them (`sharding.replica_messages`, added by `dp_sync`). zero 2 reduce-scatters (and
     all-reduces across replicas) per layer instead (C12) and all-gathers here; zero 3 synchronises per layer.
+    Megatron-FSDP (zero 2 and 3 on the megatron stack) with replicas: the replicas' all-reduce of the stage's
+    gradient shard here, once, behind the last backward (an "all_reduce" part whose shard-group message is 0).
     """
     job = instance.training
+    # Megatron-FSDP's replicas all-reduce once per step (sharding.replica_messages): a part with no shard message
+    replicas = [("all_reduce", 0.0, job.overlap_grad_reduce, k.window_b(layers))] \
+        if sharding.replica_reduce_once_per_step(job, p) else []
     if p.dp * p.cp == 1 or p.zero_stage >= 3:
-        return []
+        return replicas if p.dp * p.cp > 1 else []
     w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
     params = k.stage_params(layers)
     if p.zero_stage == 0:
         return [("all_reduce", params * g_bytes, job.overlap_grad_reduce, k.window_b(layers))]
     sharded = p.shard_size > 1  # a shard group of one rank (dp_replicate = dp, cp = 1) exchanges nothing
-    parts = [] if p.zero_stage == 2 else [("reduce_scatter", params * g_bytes if sharded else 0.0,
-                                          job.overlap_grad_reduce, k.window_b(layers))]
+    parts = replicas if p.zero_stage == 2 else [("reduce_scatter", params * g_bytes if sharded else 0.0,
+                                                job.overlap_grad_reduce, k.window_b(layers))]
     return parts + [("all_gather", params * w_bytes if sharded else 0.0, job.overlap_param_gather, k.window_f(layers))]
 
 

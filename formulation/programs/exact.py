@@ -23,13 +23,13 @@ from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_c
                                                  expert_sync_time, symmetry_breaking)
 from formulation.programs.exact_groups import cp_time, group_time, group_variables, sync_time
 from formulation.programs.exact_schedule import v_objective, zero_bubble_objective
+from formulation.programs.exact_step import once_per_step_sync
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
 from formulation.space import Config
 from formulation.physics.stage import (dp_sync_parts, expert_dp_messages, expert_only_parts, layer_time,
                                        mixed_constants, stage_constants)
-
 
 
 class _Builder:
@@ -47,6 +47,7 @@ class _Builder:
         self.levels = sorted(bws)  # distinct bandwidths, GB/s
         self.unit = self.prog.time_unit_s
         self.mixed = layer_kinds.is_mixed(instance.model)  # dense and MoE layers: partition by mix (P2b)
+        self.step_sync = {}  # (P9'') per stage: E_i of the once-per-step sync
 
     def _world(self) -> int:
         c = self.c
@@ -73,6 +74,7 @@ def build_program(instance, config: Config) -> Program:
     _partition_and_memory(b)
     stage_time = [_stage_time(b, i) for i in range(config.pp)]
     dp_exposed = [_dp_sync(b, i) for i in range(config.pp)]
+    dp_exposed = [e if e is not None else b.step_sync.get(i) for i, e in enumerate(dp_exposed)]
     chain = _p2p_chain(b)
     _objective(b, stage_time, dp_exposed, chain)
     symmetry_breaking(b)
@@ -176,6 +178,8 @@ def _stage_time(b: _Builder, i: int) -> int:
     experts = expert_layer_comm(b, i)  # (P14) slowest ep + slowest etp, forward, of an MoE layer
     u = _per_layer_time(b, i, k, (tp, cp, ag, rs), experts, "")
     u_max = b.t(_per_layer_upper_bound(b, k))
+    if k.sync_once_per_step:  # (P9'') the first forward's gather and the reduce, once per step (C12)
+        b.step_sync[i] = once_per_step_sync(b, i, k, ag, rs, b.t(_per_layer_upper_bound(b, k, step=True)))
     y = prog.var(f"y[{i}]")
     if b.mixed:  # (P8b)
         u_d = _per_layer_time(b, i, kk.dense, (tp, cp, ag, rs), None, "d")
@@ -219,10 +223,12 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
     d = tp_rp.denominator
     prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
     ag_b = -1 if k.backward_gathers else 0  # (C12) no backward gather without resharding after the forward
+    once = k.sync_once_per_step  # (C12) the forward gather and the reduce leave the micro-batch (P9'')
+    rs_b = 0 if once else -1
     if k.backward_gathers_exposed:  # (C12) FSDP1's "post" prefetch: the backward waits for both
-        prog.add({z3_b: 1, ag: ag_b, rs: -1}, ">=", 0, "P7 zero3 exposed")
+        prog.add({z3_b: 1, ag: ag_b, rs: rs_b}, ">=", 0, "P7 zero3 exposed")
     else:
-        prog.add({z3_b: d, ag: ag_b * d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
+        prog.add({z3_b: d, ag: ag_b * d, rs: rs_b * d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
                  -d * b.t(k.b_compute), "P7 zero3 exposed")
     u = prog.var(f"u{tag}[{i}]")
     moe_terms = {experts: -k.ep_passes * d} if experts is not None else {}  # forward + backward + recomputes
@@ -232,14 +238,15 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
         prog.add({x: 1, experts: -k.ep_passes}, ">=", -b.t(k.f_compute + k.b_compute), "P7 ep overlap exposed")
         prog.add({x: den, experts: -num * k.ep_passes}, ">=", 0, "P7 ep overlap share")
         moe_terms = {x: -d}
-    prog.add({u: d, tp_f: -int((1 + tp_rp) * d), tp_b0: -d, cp_f: -(3 + rp) * d, z3_f: -d, z3_b: -d, **moe_terms},
+    prog.add({u: d, tp_f: -int((1 + tp_rp) * d), tp_b0: -d, cp_f: -(3 + rp) * d, z3_f: 0 if once else -d, z3_b: -d,
+              **moe_terms},
              "==", d * b.t(k.f_compute + k.b_compute), "P7 per-layer time")
     return u
 
 
-def _per_layer_upper_bound(b: _Builder, k, experts: bool = True) -> float:
-    """A valid upper bound of u_i: every group at the slowest bandwidth in its worst shape (`experts`: with an
-    MoE layer's expert communication)."""
+def _per_layer_upper_bound(b: _Builder, k, experts: bool = True, step: bool = False) -> float:
+    """A valid upper bound of u_i (`step`: of its once-per-step sync, (P9'')): every group at the slowest
+    bandwidth in its worst shape (`experts`: with an MoE layer's expert communication)."""
     inst, tpl, cluster = b.inst, b.template, b.cluster
     slow = b.levels[0]
     n_tp, n_dp = tpl.tp, tpl.shard_size
@@ -259,7 +266,7 @@ def _per_layer_upper_bound(b: _Builder, k, experts: bool = True) -> float:
         rs += max(cost.collective_time("all_reduce", replica, GroupLinks(r, slow, slow, N, kk), cluster)
                   for N in range(1, r + 1) for kk in range(1, r // N + 1))
     lt = layer_time(k, inst.training.tp_comm_overlap, tp, cp, ag, rs, expert_layer_upper_bound(b) if experts else 0.0)
-    return (lt.forward + lt.backward) * 1.001 + 1e-9
+    return (lt.step if step else lt.forward + lt.backward) * 1.001 + 1e-9
 
 
 def _dp_sync(b: _Builder, i: int) -> int | None:
@@ -270,7 +277,8 @@ def _dp_sync(b: _Builder, i: int) -> int | None:
     the experts' (P15) syncs)."""
     prog, c = b.prog, b.c
     edp = expert_dp_groups(b, i) if c.zero_stage < 3 else []  # (P15) mixture-of-experts: the experts' sync
-    if (c.dp * c.cp == 1 and not edp) or c.zero_stage >= 3:
+    if (c.dp * c.cp == 1 and not edp) or (c.zero_stage >= 3 and not sharding.replica_reduce_once_per_step(
+            b.inst.training, c)):
         return None
     k = b.stage_constants[i]
     qs = sorted(q for (stage, q) in prog.layers if stage == i)

@@ -19,8 +19,9 @@ so one GPU of each type stands for them.
 
 Positions: `perm[r]` is the GPU of rank r for r < world; positions world..N-1 hold the spare GPUs (a swap
 with one of them brings a spare GPU in). Protocol: `propose_perm(changes)` or `propose_layers(layers)` returns
-the new total (None if a stage no longer fits), then `commit(total)` or `reject()`. `slack` (sum of every
-group's and pipeline pair's time, where the total sees only maxima) is a tie-break for the annealer only.
+the new total (None if a stage no longer fits), then `commit(total)` or `reject()`. `slack` (sum of every group's
+and pipeline pair's time, where the total sees only maxima) is a tie-break for the annealer only. Which ranks form
+each group, and which groups a move touches, is the rank-order geometry of solvers/local/rank_groups.py (a mixin).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from formulation.physics.stage import dp_sync_parts
 from formulation.space import placement_for
 
 from solvers.local.gpu_classes import safe_classes
+from solvers.local.rank_groups import RankGroups
 
 MEMO_LIMIT = 20_000_000  # group members held in cache keys (about 160 MB) before the caches are dropped
 
@@ -49,7 +51,7 @@ def _new_max(values: list, current: float, changes: dict) -> float:
     return max(top, max((v for k, v in enumerate(values) if k not in changes), default=top))
 
 
-class FastScorer:
+class FastScorer(RankGroups):
     def __init__(self, instance, config, layers, perm):
         self.instance, self.config = instance, config
         self.model, self.job, self.cluster = instance.model, instance.training, instance.cluster
@@ -88,28 +90,6 @@ class FastScorer:
         self.rebuild()
 
     # ---- groups -------------------------------------------------------------------------------------------
-    def _group_positions(self, kind: str, stage: int, g: int) -> range:
-        base, tp, cp = stage * self.S, self.tp, self.cp
-        if kind == "tp":
-            return range(base + g * tp, base + (g + 1) * tp)
-        if kind == "cp":  # g = dp_i * tp + tp_i
-            d, t = divmod(g, tp)
-            return range(base + t + tp * cp * d, base + tp * cp * (d + 1), tp)
-        ep, etp = self.ep, self.etp  # expert order etp-ep-edp (Placement.expert_grid)
-        if kind == "etp":
-            return range(base + g * etp, base + (g + 1) * etp)
-        if kind == "ep":  # g = edp_i * etp + etp_i
-            d, t = divmod(g, etp)
-            return range(base + t + etp * ep * d, base + etp * ep * (d + 1), etp)
-        if kind == "edp":  # g = ep_i * etp + etp_i
-            return range(base + g, base + self.S, etp * ep)
-        if self.r == 1:
-            return range(base + g, base + self.S, tp)  # "dp": Megatron's dp x cp group of tp coordinate g
-        if g < self.n_shard:  # shard group g = replica x tp + tp coordinate
-            d, t = divmod(g, tp)
-            return range(base + t + self.block * d, base + self.block * (d + 1), tp)
-        return range(base + g - self.n_shard, base + self.S, self.block)  # replicate group of a replica position
-
     def group_id(self, positions) -> int:
         """Interned id of the group's class multiset; its links are `self.links[id]`."""
         perm, cls = self.perm, self.class_of
@@ -295,51 +275,6 @@ class FastScorer:
 
     def _maxes(self, kind: str) -> list:
         return {"tp": self.tp_max, "cp": self.cp_max, "ep": self.ep_max, "etp": self.etp_max}[kind]
-
-    def _touch_experts(self, touched: dict, i: int, q: int) -> None:
-        """The expert groups rank position q of stage i belongs to (etp-ep-edp order)."""
-        ep, etp = self.ep, self.etp
-        if ep > 1:
-            touched.setdefault(("ep", i), {})[(q // (etp * ep)) * etp + q % etp] = None
-        if etp > 1:
-            touched.setdefault(("etp", i), {})[q // etp] = None
-        if self.S // (ep * etp) > 1:
-            touched.setdefault(("edp", i), {})[q % (etp * ep)] = None
-
-    def _touched_groups(self, changes: dict, old: dict) -> tuple[dict, dict]:
-        """The groups and sends a permutation change touches, (kind, stage) -> {index: None}, and the new GPU-type
-        counts of the stages whose types change."""
-        S, tp, cp, pp, perm = self.S, self.tp, self.cp, self.pp, self.perm
-        touched: dict = {}  # (kind, stage) -> {index: value}
-        counts: dict = {}
-        cls = self.class_of
-        for x in changes:
-            if x >= self.world or cls[old[x]] == cls[perm[x]]:  # same class: no group or send changes
-                continue
-            i, q = divmod(x, S)
-            if tp > 1:
-                touched.setdefault(("tp", i), {})[q // tp] = None
-            if cp > 1:
-                touched.setdefault(("cp", i), {})[(q // (tp * cp)) * tp + q % tp] = None
-            if self.dp * cp > 1 and self.r == 1:
-                touched.setdefault(("dp", i), {})[q % tp] = None
-            elif self.dp * cp > 1:  # its shard group (if it has one) and its replicate group
-                if self.n_shard:
-                    touched.setdefault(("dp", i), {})[(q // self.block) * tp + q % tp] = None
-                touched.setdefault(("dp", i), {})[self.n_shard + q % self.block] = None
-            if self.moe:
-                self._touch_experts(touched, i, q)
-            if i > 0:
-                touched.setdefault(("pair", i - 1), {})[q] = None
-            if i < pp - 1:
-                touched.setdefault(("pair", i), {})[q] = None
-            if self.vpp > 1 and i in (0, pp - 1):
-                touched.setdefault(("pair", pp - 1), {})[q] = None
-            if self.multi_type and self.type_of[old[x]] != self.type_of[perm[x]]:
-                c = counts.setdefault(i, list(self.counts[i]))
-                c[self.type_of[old[x]]] -= 1
-                c[self.type_of[perm[x]]] += 1
-        return touched, counts
 
     def _value_touched(self, touched: dict) -> None:
         """Each touched group's new link value (a group id for dp groups), in place."""

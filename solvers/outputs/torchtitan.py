@@ -10,8 +10,9 @@ What torchtitan cannot run as planned is mapped to what it can run, and that pla
   0.3.x wraps replicate in fully_shard over (dp_replicate, fsdp) and accepts it with tp and pp.
 zero_stage 0 is torchtitan's replicate, zero_stage 3 its FSDP over data_parallel_shard_degree = dp_shard, replicated
 over data_parallel_replicate_degree = dp_replicate (HSDP), with `fsdp_reshard_after_forward` "always" (the per-layer
-gather in forward and backward that the cost model charges; torchtitan's default skips the forward reshard when pp
-> 1) or "never" (the plan's reshard_after_forward False).
+gather in forward and backward that the cost model charges; with pp > 1 the backward's gather in every micro-batch,
+the gradients reduced once per step, docs/model.md (C12); torchtitan's default skips the forward reshard when pp > 1)
+or "never" (the plan's reshard_after_forward False).
 """
 
 from __future__ import annotations
