@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formulation.physics import collectives, cost, layer_kinds, moe_cost
+from formulation.physics import collectives, cost, layer_kinds, moe_cost, sharding
 from formulation.physics.cost import GroupLinks
 from formulation.physics.schedules import weight_grad_ceiling
 from formulation.physics.v_schedules import V_FAMILIES, output_stage
@@ -332,13 +332,14 @@ def shard_layer_floor(instance, p, layer_params: float, links: tuple, dp_cap: in
                                crossing[1] if across else inter, max_nodes, most, 2 if across else 1, span)
 
     ag = rs = 0.0
-    n = p.shard_size
-    if p.zero_stage >= 2 and n > 1:
-        ag = 0.0 if p.zero_stage == 2 else least("all_gather", layer_params * w_bytes, n, "shard", dp_cap)
-        rs = least("reduce_scatter", layer_params * g_bytes, n, "shard", dp_cap)
-    replica = layer_replica_bytes(instance, p, layer_params)  # then across replicas, at its least over every shape
-    if replica:
-        rs += least("all_reduce", replica, p.dp_replicate, "replicate", cap)
+    n = p.shard_size  # the evaluator's conditions (links_from_groups): a reduce once a step is not counted here
+    if p.zero_stage >= 3 and n > 1:
+        ag = least("all_gather", layer_params * w_bytes, n, "shard", dp_cap)
+    if sharding.per_layer_reduce_scatter(p):
+        rs = least("reduce_scatter", layer_params * g_bytes, n, "shard", dp_cap) if n > 1 else 0.0
+        replica = layer_replica_bytes(instance, p, layer_params)  # then across replicas, at its least
+        if replica:
+            rs += least("all_reduce", replica, p.dp_replicate, "replicate", cap)
     return ag, rs
 
 
