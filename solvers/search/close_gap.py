@@ -33,7 +33,7 @@ its plan gives 8.0039-8.0072 s started warm, 8.0082-8.0172 s re-heated). This is
 node-permutation SA that anneals its configuration for the whole budget (docs/search-beyond-exact.md).
 Nothing is annealed once the bounds prove the plans reported (`settled`: the global bound meets the best plan to
 OPTIMAL_GAP, with --top K every reported plan its own bound or the K-th best): a time limit is not spent proving
-what is proven (h100_128 under --framework torchtitan: 10 s instead of the 300 s limit).
+what is proven (h100_128 under --framework torchtitan: 6 s instead of the 300 s limit).
 Every improvement is recorded in the search's history (time, best), from which the gap over time follows (the
 bound is fixed once the enumeration ends).
 """
