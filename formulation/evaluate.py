@@ -152,15 +152,22 @@ class StageLinks:
     dense_layer: object = None  # LayerTime of a dense layer (models with both layer kinds only)
 
 
+def _distinct_links(cluster, groups: np.ndarray) -> tuple:
+    """The distinct links (cost.GroupLinks) of a stage's groups, each once (every use takes the slowest), memoised
+    by the groups: the 128 shard groups of a 1,024-GPU stage share a few, and many configurations share them all."""
+    n = np.shape(groups)[1]
+    return tuple(cost.GroupLinks(n, *links) for links in sorted(cluster.distinct_group_links(groups)))
+
+
 def stage_links(instance, p: Placement, i: int) -> StageLinks:
     """(C6), (C8), (C12) for stage i of `p` (its GPUs are p.grid[i]); the layer count does not enter."""
     cluster = instance.cluster
     # (C6) slowest tp group, (C8) slowest cp ring, (C12) ZeRO-3 gathers of the slowest dp group
     tp = _max_group(cluster, p.tp_groups(i), lambda lk: group_comm(instance, p, "tp", lk)) if p.tp > 1 else 0.0
     cp = _max_group(cluster, p.cp_groups(i), lambda lk: group_comm(instance, p, "cp", lk)) if p.cp > 1 else 0.0
-    dp_links = tuple(cost.group_links(cluster, g) for g in p.shard_groups(i)) if p.shard_size > 1 else ()
+    dp_links = _distinct_links(cluster, p.shard_groups(i)) if p.shard_size > 1 else ()
     if not moe_cost.is_moe(instance.model):
-        rep = tuple(cost.group_links(cluster, g) for g in p.replicate_groups(i)) if p.dp_replicate > 1 else ()
+        rep = _distinct_links(cluster, p.replicate_groups(i)) if p.dp_replicate > 1 else ()
         return links_from_groups(instance, p, i, p.stage_gpus(i), tp, cp, dp_links, rep_links=rep)
     # (E7) slowest expert-parallel group's dispatch and combine, slowest expert-tp group's gather and scatter
     ep = _max_group(cluster, p.moe_ep_groups(i), lambda lk: group_comm(instance, p, "ep", lk)) if p.ep > 1 else 0.0

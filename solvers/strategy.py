@@ -172,6 +172,8 @@ def _search_note(instance, found, method: str, backend: str, exact: bool, tracta
                 f"fit, {found.annealed} annealed placements ({moves_text}; {found.gap_annealed} of them "
                 f"of configurations whose bound beats the incumbent, in bound order), and the global "
                 f"lower bound of all of them")
+        if found.status == "optimal" and not found.stopped:  # close_gap.settled: no anneal once the bound meets it
+            note += "; the bound meets the plan, so the search ended there"
     if found.stopped == "interrupted":
         note += "; interrupted (Ctrl-C): the best plan so far, the bound proven so far"
     elif found.stopped == "time limit":

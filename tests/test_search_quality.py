@@ -105,3 +105,37 @@ def test_gap_rounds_with_no_time_for_an_anneal_return_at_once(monkeypatch):
     close_gap._rounds(instance, candidates, result, 0, 1, None, "cpsat", set(),
                       time.perf_counter() + close_gap.MIN_ANNEAL_S / 2, 1_000_000, float("inf"))
     assert calls == []
+
+
+def test_a_plan_the_bounds_prove_is_not_annealed(monkeypatch):
+    """Once the global bound meets the plan (small_2x4 under bound-only: the bounds of every configuration reach
+    it), no anneal, descent or node-order search runs (close_gap.settled): a time limit is not spent proving what
+    is proven. The report says why the search ended."""
+    import solvers.search.close_gap as close_gap
+    from conftest import REPO
+
+    calls = []
+    for name in ("anneal", "slot_anneal", "polish"):
+        monkeypatch.setattr(close_gap, name, lambda *a, name=name, **k: calls.append(name))
+    result = solve(load_instance(REPO / "instances" / "small_2x4.json"), method="bound-only", time_limit=600)
+    assert result.solver.status == "optimal" and calls == []
+    assert result.solver.note.endswith("the bound meets the plan, so the search ended there")
+
+
+def test_settled_asks_every_reported_plan_to_be_proven():
+    """With --top K a configuration among the K best must have its bound at its own time, the others at the K-th
+    best; a bound 1e-6 short of that (the reported gap's "optimal") counts as met."""
+    from formulation.space import Config
+    from solvers.search.close_gap import settled
+    from solvers.search.uniform import Candidate
+
+    def cand(tp, bound, value):
+        return Candidate(Config(tp, 1, 1, 8 // tp, 1, 1, "none", 1), bound, value=value)
+
+    first, second, third = cand(1, 10.0, 10.0), cand(2, 11.0, 12.0), cand(4, 12.0, None)
+    assert settled([first, second, third], 1)  # 11 and 12 cannot beat 10
+    assert not settled([first, second, third], 2)  # the second best (12) may still fall to 11
+    second.lower_bound = 12.0 * (1 - 1e-7)
+    assert settled([first, second, third], 2)
+    third.lower_bound = 11.9
+    assert not settled([first, second, third], 2)  # the third may still beat the second

@@ -21,10 +21,11 @@ import math
 from dataclasses import dataclass
 
 from formulation.physics import cost
+from formulation.physics.stage import stage_constants
 from formulation.space import Config
 
 from solvers.bounds.levels import level_units, weakest_cuts
-from solvers.bounds.parts import INF, Parts, best_group_time, expert_layer_floor, stage_parts
+from solvers.bounds.parts import INF, Parts, best_group_time, expert_layer_floor, shard_layer_floor, stage_parts
 
 
 def _chain_split(w: Parts, b: Parts, us: list[float], split: set, floor: float, fixed: float,
@@ -284,7 +285,8 @@ def cut_bound_at(instance, config: Config, cut: float, sides: tuple[int, int], p
     cases = _crossing_cases(instance, config, cut, b)
     if not cases:
         return -INF
-    size = {"tp": config.tp, "cp": config.cp, "dp": config.dp, "pp": config.pp}
+    size = {"tp": config.tp, "cp": config.cp, "dp": config.dp, "pp": config.pp,
+            "shard": config.dp // config.dp_replicate, "replicate": config.dp_replicate}
     kinds = sorted(cases)
     best = min(cases.values())
     for mask in range(1, 2 ** len(kinds) - 1):  # R = the kinds kept, a proper non-empty subset
@@ -346,42 +348,45 @@ def _tp_time(instance, b: Parts, bandwidth: float) -> float:
 
 
 def _dp_crossing_cases(instance, config: Config, ctx: _CutContext) -> dict[str, float]:
-    """(B2) A cp ring or a dp group across the cut (a cp ring across puts its dp x cp group across too).
+    """(B2) A cp ring or a dp group across the cut (a cp ring across puts its shard group, dp x cp without
+    replicas, across too); with replicas a shard group or a replicate group, the kinds "shard" and "replicate"
+    (their sizes dp / dp_replicate and dp_replicate multiply to dp's), each pricing its own collectives at the cut.
 
-    A dp x cp group has at most one member per tp group of its stage. Either every node it spans holds at most
+    Such a group has at most one member per tp group of its stage. Either every node it spans holds at most
     cap / tp of its members (a), or some node holds more, and then a tp group of the same stage spans nodes (b):
     that stage pays both. (b) does not exist when tp > cap: then every tp group spans nodes already in (B1)."""
     cluster, model, job = instance.cluster, instance.model, instance.training
-    b, cut, n_dp = ctx.b, ctx.cut, config.dp * config.cp
+    b, cut = ctx.b, ctx.cut
     narrow = b.per_node_cap // config.tp if config.tp <= b.per_node_cap else b.per_node_cap
-    # with replicas the crossing dp group may cross through its replicate groups alone, whose all-reduce the bound
-    # counts at 0: the stage is then not slowed
+    # zero 1 with replicas: the dp sync's shard and replica collectives are counted at their least
     dp_slow = config.zero_stage < 3 and config.dp_replicate == 1
     split_tp = config.tp > 1 and config.tp <= b.per_node_cap
     tp_split = _tp_time(instance, b, b.inter) if split_tp else b.tp
 
-    def zero3(cap: int) -> tuple[float, float]:
-        """Per-layer ZeRO-3 gathers of a dp x cp group across the cut with at most `cap` members a node."""
-        if config.zero_stage < 3 or config.dp_replicate > 1:
+    def per_layer(group: str, cap: int) -> tuple[float, float]:
+        """Per-layer gathers and reduces of zero 2 and 3 (C12) with `group` across the cut, `cap` of it a node."""
+        if config.zero_stage < 2:
             return b.ag, b.rs
-        w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
-        k = b.constants(0)
-        return tuple(best_group_time(lambda lk, kind=kind, size=size: cost.collective_time(kind, size, lk, cluster),
-                                     n_dp, b.intra, cut, b.max_nodes, cap, 2, b.span)
-                     for kind, size in (("all_gather", k.layer_params * w_bytes),
-                                        ("reduce_scatter", k.layer_params * g_bytes)))
+        caps = (cap, b.per_node_cap) if group == "shard" else (b.per_node_cap, cap)
+        params = stage_constants(instance, b.placement, 0, b.gpu_type).layer_params  # as stage_parts takes it
+        return shard_layer_floor(instance, b.placement, params, (b.intra, b.inter, b.max_nodes, b.span), *caps,
+                                 crossing=(group, cut))
 
-    def across(cp_time: float) -> float:
-        value = ctx.with_slow_stage(b.unit(b.tp, cp_time, *zero3(narrow)), dp_slow, narrow)  # (a)
+    def across(cp_time: float, group: str = "shard") -> float:
+        value = ctx.with_slow_stage(b.unit(b.tp, cp_time, *per_layer(group, narrow)), dp_slow, narrow)  # (a)
         if split_tp:  # (b)
-            value = min(value, ctx.with_slow_stage(b.unit(tp_split, cp_time, *zero3(b.per_node_cap)), dp_slow,
-                                                   b.per_node_cap))
+            value = min(value, ctx.with_slow_stage(b.unit(tp_split, cp_time, *per_layer(group, b.per_node_cap)),
+                                                   dp_slow, b.per_node_cap))
         return value
 
     cases = {}
     if config.cp > 1:
         cases["cp"] = across(cost.cp_layer_comm(model, job, b.placement, min(b.intra, cut), False, cluster))
-    if config.dp > 1:
+    if config.dp_replicate > 1:
+        if config.dp > config.dp_replicate:
+            cases["shard"] = across(b.cp)
+        cases["replicate"] = across(b.cp, "replicate")
+    elif config.dp > 1:
         cases["dp"] = across(b.cp)
     return cases
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from formulation.physics import collectives, cost, layer_kinds, moe_cost
+from formulation.physics import collectives, cost, layer_kinds, moe_cost, sharding
 from formulation.physics.cost import GroupLinks
 from formulation.physics.schedules import weight_grad_ceiling
 from formulation.physics.v_schedules import V_FAMILIES, output_stage
@@ -315,24 +315,31 @@ class Parts(KindBounds):
         return max(best, loaded if loaded < INF else 0.0)
 
 
-def shard_layer_floor(instance, p, layer_params: float, links: tuple, dp_cap: int, cap: int) -> tuple[float, float]:
+def shard_layer_floor(instance, p, layer_params: float, links: tuple, dp_cap: int, cap: int,
+                      crossing: tuple[str, float] | None = None) -> tuple[float, float]:
     """(C12) The least per-layer gather and reduce-scatter of zero 2 and 3 (0, 0 below): in a shard group with at
     most `dp_cap` members a node, the reduce-scatter followed by the replicas' all-reduce of the layer's shard (at
-    most `cap` a node); `links` = (intra, inter, max_nodes, span) as best_group_time takes them."""
+    most `cap` a node); `links` = (intra, inter, max_nodes, span) as best_group_time takes them. `crossing` =
+    (group, bandwidth) for (B2): that group ("shard" or "replicate") spans two nodes or more, its links across
+    nodes no faster than `bandwidth` (a group across a cut); the other at its least."""
     intra, inter, max_nodes, span = links
     cluster, w_bytes, g_bytes = (instance.cluster, instance.training.bytes_per_param_state[0],
                                  instance.training.grad_reduce_bytes)
+
+    def least(kind: str, message: float, size: int, group: str, most: int) -> float:
+        across = crossing is not None and crossing[0] == group
+        return best_group_time(lambda lk: cost.collective_time(kind, message, lk, cluster), size, intra,
+                               crossing[1] if across else inter, max_nodes, most, 2 if across else 1, span)
+
     ag = rs = 0.0
-    n = p.shard_size
-    if p.zero_stage >= 2 and n > 1:
-        ag = 0.0 if p.zero_stage == 2 else best_group_time(lambda lk: cost.collective_time(
-            "all_gather", layer_params * w_bytes, lk, cluster), n, intra, inter, max_nodes, dp_cap, span=span)
-        rs = best_group_time(lambda lk: cost.collective_time("reduce_scatter", layer_params * g_bytes, lk, cluster),
-                             n, intra, inter, max_nodes, dp_cap, span=span)
-    replica = layer_replica_bytes(instance, p, layer_params)  # then across replicas, at its least over every shape
-    if replica:
-        rs += best_group_time(lambda lk: cost.collective_time("all_reduce", replica, lk, cluster), p.dp_replicate,
-                              intra, inter, max_nodes, cap, span=span)
+    n = p.shard_size  # the evaluator's conditions (links_from_groups): a reduce once a step is not counted here
+    if p.zero_stage >= 3 and n > 1:
+        ag = least("all_gather", layer_params * w_bytes, n, "shard", dp_cap)
+    if sharding.per_layer_reduce_scatter(p):
+        rs = least("reduce_scatter", layer_params * g_bytes, n, "shard", dp_cap) if n > 1 else 0.0
+        replica = layer_replica_bytes(instance, p, layer_params)  # then across replicas, at its least
+        if replica:
+            rs += least("all_reduce", replica, p.dp_replicate, "replicate", cap)
     return ag, rs
 
 

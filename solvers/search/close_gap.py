@@ -31,6 +31,9 @@ default split is pp=4, the best annealed plan pp=8); and the anneals that contin
 down their cooling schedule, not re-heated (measured_64, pp=8, 3 seeds: an anneal of 2 s then one of 4 s from
 its plan gives 8.0039-8.0072 s started warm, 8.0082-8.0172 s re-heated). This is what lets `auto` match a
 node-permutation SA that anneals its configuration for the whole budget (docs/search-beyond-exact.md).
+Nothing is annealed once the bounds prove the plans reported (`settled`: the global bound meets the best plan to
+OPTIMAL_GAP, with --top K every reported plan its own bound or the K-th best): a time limit is not spent proving
+what is proven (h100_128 under --framework torchtitan: 6 s instead of the 300 s limit).
 Every improvement is recorded in the search's history (time, best), from which the gap over time follows (the
 bound is fixed once the enumeration ends).
 """
@@ -52,7 +55,7 @@ from solvers.local.node_slots import slot_anneal, slot_placement, slot_tables
 from solvers.local.partition import best_partition
 from solvers.local.polish import polish
 from solvers.local.relocate import relocate_weak_nodes
-from solvers.search.driver import kth_of, prunes
+from solvers.search.driver import OPTIMAL_GAP, kth_of, prunes
 
 INF = float("inf")
 # phase 1: the placements of this many best configurations are annealed (ANNEAL_MOVES proposals each without
@@ -119,7 +122,10 @@ SLOT_MOVES_FACTOR = 8
 def close_gap(instance, candidates, result, deadline: float, seed: int, top: int, moves: int | None,
               solver: str = "cpsat") -> None:
     """Both phases (module docstring). `moves`: proposals per anneal (None: share the time left until the
-    deadline); a configuration stays open while its bound beats the K-th best of the candidates' values."""
+    deadline); a configuration stays open while its bound beats the K-th best of the candidates' values. Nothing
+    is annealed once the bounds prove the plans reported (`settled`): the time left is not spent."""
+    if settled(candidates, top):
+        return
     incumbent = min((c.estimate.iteration_time_s for c in candidates if c.estimate is not None), default=INF)
     open_ = [c for c in candidates if c.lower_bound < (c.estimate.iteration_time_s if c.estimate else incumbent)
              * (1 - 1e-9)]
@@ -134,7 +140,7 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
     groups = {}  # max-min node groups per (pp, nodes per stage, seed), shared by the configurations
     tables = {}  # node-slot tables per (configuration, split), None where they do not apply
     for k, cand in enumerate(first):
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline or settled(candidates, top):
             break
         # with a time limit: PHASE1_SHARES of what was left (the best plan so far gets most of it); a share too
         # short to anneal in is not started (its relocation would only take time from the next phase)
@@ -149,6 +155,8 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
         count = moves if not timed else PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance)
         if _anneal(instance, cand, result, seed, count, share, deadline):
             done.add(cand.config)
+    if settled(candidates, top):
+        return
     if timed and time.perf_counter() < deadline:  # the probes' best continues, cooler (DEEPEN_SHARE)
         _deepen(instance, candidates, result, seed + 2, done, DEEPEN_SHARE * (deadline - time.perf_counter()),
                 deadline, PHASE1_MOVES_FACTOR * ANNEAL_MOVES * class_scale(instance), tables, groups)
@@ -162,12 +170,23 @@ def close_gap(instance, candidates, result, deadline: float, seed: int, top: int
             *((GAP_ROUNDS, GAP_MOVES) if deadline == INF else (1_000_000, INF)), groups=groups,
             tables=tables if timed else None)
     small = len(instance.cluster.nodes) <= POLISH_NODES
+    if settled(candidates, top):
+        return
     if timed and not small and time.perf_counter() < deadline:  # a descent sweep costs seconds: anneal on
         _deepen(instance, candidates, result, seed + 1, done, deadline - time.perf_counter(), deadline, None)
     elif small:
         _polish(instance, candidates, result, seed + 1, deadline if timed else None, deadline)
     if time.perf_counter() >= deadline:
         result.stopped = "time limit"
+
+
+def settled(candidates, top: int) -> bool:
+    """Whether the bounds prove the `top` best plans (to OPTIMAL_GAP, the reported gap's "optimal"): every
+    candidate's bound reaches its own best time where that is among them, else the K-th best. No anneal can then
+    improve what is reported."""
+    kth = kth_of(candidates, top)
+    return kth < INF and all(c.open_bound >= min(kth, INF if c.value is None else c.value) * (1 - OPTIMAL_GAP)
+                             for c in candidates)
 
 
 def _deepen(instance, candidates, result, seed, done: set, time_s, deadline, moves,
@@ -236,6 +255,8 @@ def _rounds(instance, candidates, result, seed, top, moves, solver, done, budget
             if budget_end - time.perf_counter() < MIN_ANNEAL_S:
                 return  # no anneal starts in what is left (it would return at once, round after round): the
                 # rest goes to the final share
+            if settled(candidates, top):
+                return
             if prunes(cand.lower_bound, kth_of(candidates, top)):
                 continue  # the incumbent fell below its bound during this round
             if r == 0:
