@@ -217,13 +217,13 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
     # denominator d (tp_rp is a multiple of 1/2): CP-SAT takes integer coefficients on time variables.
     tp_rp = Fraction(tp_rp).limit_denominator(2)
     d = tp_rp.denominator
-    prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
+    prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed", head=z3_f)
     ag_b = -1 if k.backward_gathers else 0  # (C12) no backward gather without resharding after the forward
     if k.backward_gathers_exposed:  # (C12) FSDP1's "post" prefetch: the backward waits for both
         prog.add({z3_b: 1, ag: ag_b, rs: -1}, ">=", 0, "P7 zero3 exposed")
     else:
         prog.add({z3_b: d, ag: ag_b * d, rs: -d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
-                 -d * b.t(k.b_compute), "P7 zero3 exposed")
+                 -d * b.t(k.b_compute), "P7 zero3 exposed", head=z3_b)
     u = prog.var(f"u{tag}[{i}]")
     moe_terms = {experts: -k.ep_passes * d} if experts is not None else {}  # forward + backward + recomputes
     if experts is not None and k.ep_overlap:  # (E10) X >= passes M - (f + b), den X >= num passes M
