@@ -193,3 +193,36 @@ def test_a_time_limit_holds_through_a_cp_sat_stall(monkeypatch):
     assert result.solver.status == "timeout", result.solver
     assert result.estimate.fits
     assert result.solver.bound_s <= result.estimate.iteration_time_s * (1 + 1e-9)
+
+
+def _instances_with_every_row_kind():
+    """Instances whose programs hold ZeRO-3 with tp and cp, recompute, replicas, experts and both kinds of layer."""
+    from test_moe_exact import mixed_kinds_instance, moe_exact_instance
+    from test_rail_ring_fsdp1 import _post_instance
+    from test_sharding_exact import sharded_instance
+    from test_v_schedules import v_instance
+    return [small_instance(2)[0], small_instance(22)[0], v_instance(3), _post_instance(1)[0], sharded_instance(1),
+            moe_exact_instance(0)[0], mixed_kinds_instance(0)[0]]
+
+
+def test_no_row_lets_a_time_variable_rise_at_no_cost():
+    """Every inequality and equation of the exact program has at most one time variable with a positive coefficient
+    (the one it bounds from below or defines). A row with two (z3_f + tp_f + cp_f >= AG - f, as the ZeRO-3 exposure
+    was once written) lets one rise as the other falls at no cost, and CP-SAT's propagation walked that free range
+    one integer unit at a time: two programs of test_v_schedules' seed 3 ran 30 s and more and took gigabytes
+    (docs/programs.md (P7))."""
+    checked = 0
+    for data in _instances_with_every_row_kind():
+        instance = instance_from_dict(data)
+        for config in configurations(instance):
+            try:
+                program = build_program(instance, config)
+            except ValueError:
+                continue
+            time_var = [kind == "continuous" for kind in program.kinds]
+            for terms, sense, _, family in program.rows:
+                rising = [program.names[v] for v, c in terms.items() if time_var[v] and c > 0]
+                assert sense == "<=" or len(rising) <= 1, (config, family, rising)
+                assert sense != "<=" or not rising, (config, family, rising)
+            checked += any(name.startswith("AG") for name in program.names) and config.zero_stage == 3
+    assert checked >= 20

@@ -14,15 +14,6 @@ from formulation.space import Config
 INF = float("inf")
 
 
-class HeadedTerms(dict):
-    """A row's terms (variable -> coefficient) that name the time variable the row is a lower bound of: it stays
-    with the row wherever the rows are copied or filtered."""
-
-    def __init__(self, terms: dict[int, float], head: int):
-        super().__init__(terms)
-        self.head = head
-
-
 @dataclass
 class Program:
     """A mixed-integer linear program in a backend-neutral form; minimise objective / objective_divisor."""
@@ -48,25 +39,16 @@ class Program:
         self.upper.append(1.0 if kind == "binary" else upper)
         return len(self.names) - 1
 
-    def add(self, terms: dict[int, float], sense: str, rhs: float, family: str, head: int | None = None) -> None:
-        """One row. `head`: the time variable the row is a lower bound of, where the row has other time variables
-        with positive coefficients (they lower the head's requirement, as a ZeRO-3 gather is hidden behind the
-        layer's exposed tp and cp time); `tighten_upper_bounds` then bounds the head alone by this row."""
+    def add(self, terms: dict[int, float], sense: str, rhs: float, family: str) -> None:
         terms = {k: v for k, v in terms.items() if v != 0}
-        if head is not None:
-            terms = HeadedTerms(terms, head)
         if terms or not _holds(0.0, sense, rhs):
             self.rows.append((terms, sense, rhs, family))
 
     def tighten_upper_bounds(self, passes: int = 60) -> None:
-        """Give every time variable the largest value its rows can require of it (propagated through the rows'
-        other variables): a row with a `head` bounds that variable only, any other row each of its time variables
-        with a positive coefficient. Every time variable here is, at the evaluator's values of a placement, the
-        maximum of the rows it heads (a row's other positive terms only lower what it asks of its head), so the
-        evaluator's point of every placement stays feasible and no optimum is cut; CP-SAT needs finite domains,
-        and narrow ones: a variable bounded only through the objective (as the tp time a ZeRO-3 gather hides
-        behind, where raising one lowers the other) spans the whole range of the stage time, and CP-SAT's
-        propagation walks such a range in steps of one unit (solvers/backends/cpsat.py)."""
+        """Give every time variable the largest value any constraint can require of it (propagated through
+        the constraints' other variables). Every time variable here is the maximum of its lower bounds and
+        enters the objective with a positive weight, so no optimal solution needs more; CP-SAT needs the
+        finite domains."""
         cont = [k == "continuous" for k in self.kinds]
         upper = [u if not c else 0.0 for u, c in zip(self.upper, cont)]
         for _ in range(passes):
@@ -74,9 +56,8 @@ class Program:
             for terms, sense, rhs, _ in self.rows:
                 if sense == "<=":
                     continue
-                head = getattr(terms, "head", None)
                 for v, coef in terms.items():
-                    if not cont[v] or coef <= 0 or head not in (None, v):
+                    if not cont[v] or coef <= 0:
                         continue
                     need = rhs
                     for j, c in terms.items():

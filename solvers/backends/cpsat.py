@@ -156,8 +156,12 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, wa
 
     for terms, sense, rhs, _ in program.rows:
         time_row = any(cont[i] for i in terms)
-        expr = sum(coefficient(i, c, time_row) * xs[i] for i, c in terms.items())
+        coefficients = {i: coefficient(i, c, time_row) for i, c in terms.items()}
+        expr = sum(c * xs[i] for i, c in coefficients.items())
         r = int(round(rhs * scale)) if time_row else int(round(rhs))
+        if sense == "==" and time_row:  # coefficients with a common divisor g meet only a multiple of g: the nearest
+            g = math.gcd(*coefficients.values())  # (2 u - 2 f - 2 b = an odd number of units has no solution)
+            r = g * round(rhs * scale / g)
         model.Add(expr >= r) if sense == ">=" else model.Add(expr <= r) if sense == "<=" else model.Add(expr == r)
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in program.objective.items()))
     solver = cp_model.CpSolver()
