@@ -4,7 +4,8 @@ stalled CP-SAT (docs/programs.md, Backends). Run it under a memory cap and a tim
     ulimit -v 6000000; /usr/bin/time -v timeout 40 python docs/cpsat_programs.py v 3 49 --probing 1 --linearization 2
 
 Families: exact (tests/test_exact.py's `small_instance`), schedules (tests/test_schedules_exact.py's
-`schedule_instance`), v (tests/test_v_schedules.py's `v_instance`); the index counts `configurations(instance)`.
+`schedule_instance`), v (tests/test_v_schedules.py's `v_instance`); the index counts `configurations(instance)`,
+and without one every configuration's program is solved in turn (then a stall stops the run: use the timeout).
 Prints the configuration, CP-SAT's status and solve time (model built, Python started and OR-Tools imported before
 it), its objective and the evaluator's time of the decoded placement. The script runs on older commits too (a
 "before" column: check out formulation/ and solvers/ of the commit in a scratch copy and run it there).
@@ -39,13 +40,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("family", choices=["exact", "schedules", "v"])
     parser.add_argument("seed", type=int)
-    parser.add_argument("index", type=int, help="position in configurations(instance)")
+    parser.add_argument("index", type=int, nargs="?", help="position in configurations(instance) (none: every one)")
     parser.add_argument("--probing", type=int, default=None, help="cp_model_probing_level (default: the backend's)")
     parser.add_argument("--linearization", type=int, default=None, help="linearization_level (default: the backend's)")
     args = parser.parse_args()
-    instance = instance_of(args.family, args.seed)
-    config = list(configurations(instance))[args.index]
-    program = build_program(instance, config)
     from ortools.sat.python import cp_model
     chosen = cp_model.CpSolver.Solve
 
@@ -57,13 +55,23 @@ def main() -> None:
         return chosen(solver, model, *rest, **named)
 
     cp_model.CpSolver.Solve = solve
-    out = cpsat.solve(program)
-    print(config)
-    print(f"{out.status}: {out.wall_time_s:.3f} s", end="")
-    if out.values is not None:
-        est = evaluate(instance, program.decode(out.values)).iteration_time_s
-        print(f", objective {out.objective_s:.9f} s, evaluator {est:.9f} s", end="")
-    print()
+    instance = instance_of(args.family, args.seed)
+    every = list(configurations(instance))
+    times = []
+    for index in range(len(every)) if args.index is None else [args.index]:
+        try:
+            program = build_program(instance, every[index])
+        except ValueError:
+            continue  # no partition fits
+        out = cpsat.solve(program)
+        times.append(out.wall_time_s)
+        line = f"{index} {every[index]}\n  {out.status}: {out.wall_time_s:.3f} s"
+        if out.values is not None:
+            est = evaluate(instance, program.decode(out.values)).iteration_time_s
+            line += f", objective {out.objective_s:.9f} s, evaluator {est:.9f} s"
+        print(line, flush=True)
+    if args.index is None:
+        print(f"{len(times)} programs: {sum(times):.2f} s together, {max(times, default=0.0):.3f} s the slowest")
 
 
 if __name__ == "__main__":
