@@ -228,16 +228,9 @@ def test_program_equals_evaluator_with_new_terms(variant, seed):
     assert programs_match_evaluator(instance_from_dict(data), name, every=4 if seed == 1 else 1) >= 3
 
 
-# fp8's brute-force family takes CP-SAT about a minute (a heavy-tailed single solve, issue 19), and so does
-# megatron-deepspeed's since the recalibration (H100 efficiency 0.707 -> 0.7205: one of its programs takes the
-# single-worker search 50 s at linearization level 2, 0.02 s at level 1 or with a second worker; level 1 is far
-# slower on the other programs): with the slow checks, so that the quick suite stays under 5 minutes on 2 cores;
-# their program = evaluator checks stay quick
-HEAVY_TAILED = ("fp8", "megatron-deepspeed")
-
-
-@pytest.mark.parametrize("variant", [v if v not in HEAVY_TAILED else pytest.param(v, marks=pytest.mark.slow)
-                                     for v in sorted(VARIANTS)])
+# fp8's and megatron-deepspeed's brute-force families took CP-SAT about a minute each (one program's single-worker
+# search 50 s) and ran with the slow checks; since (P7) lost its free direction (docs/programs.md) 0.6-0.7 s each
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_exact_search_equals_brute_force_with_new_terms(variant):
     data, node_level = _variant(7, variant)
     instance = instance_from_dict(data)

@@ -202,11 +202,17 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
     slowest groups `slowest` = (TP, CP, AG, RS), plus ep_passes (2 + rp, + 1 with the "moe" recompute module)
     x `experts` (an MoE layer's expert communication, (P14)); with the all-to-all overlap (E10) what the layer's
     compute leaves of it, X >= passes M - (f + b) and den X >= num passes M (the exposure is non-decreasing in
-    the objective, so X sits at the larger). `tag` names the layer kind's variables."""
+    the objective, so X sits at the larger). `tag` names the layer kind's variables.
+
+    The ZeRO-3 gathers hide behind the layer's compute and exposed tp and cp time: the forward's exposed
+    communication tp_f + cp_f + max(0, AG - f - tp_f - cp_f) is written as fwd >= tp_f + cp_f, fwd >= AG - f (the
+    backward's likewise), so that no row has two time variables with positive coefficients. A row
+    z3_f + tp_f + cp_f >= AG - f let tp_f or cp_f rise as z3_f fell at no cost, and CP-SAT's propagation walked that
+    free range one integer unit at a time (docs/programs.md (P7))."""
     prog, job = b.prog, b.inst.training
     tp, cp, ag, rs = slowest
     rp, tp_rp = k.recompute_passes, k.tp_recompute_passes
-    tp_f, tp_b0, cp_f, z3_f, z3_b = (prog.var(f"{n}{tag}[{i}]") for n in ("tpf", "tpb", "cpf", "z3f", "z3b"))
+    tp_f, tp_b0, cp_f, fwd, bwd = (prog.var(f"{n}{tag}[{i}]") for n in ("tpf", "tpb", "cpf", "fwd", "bwd"))
     if job.tp_comm_overlap:
         prog.add({tp_f: 1, tp: -1}, ">=", -b.t(k.matmul_fwd), "P7 tp exposed")
         prog.add({tp_b0: 1, tp: -1}, ">=", -b.t(2 * k.matmul_fwd), "P7 tp exposed")
@@ -217,30 +223,30 @@ def _per_layer_time(b: _Builder, i: int, k, slowest: tuple, experts: int | None,
         prog.add({tp_f: 1, tp: -1}, ">=", 0, "P7 tp exposed")
         prog.add({tp_b0: 1, tp: -1}, ">=", 0, "P7 tp exposed")
     prog.add({cp_f: 1, cp: -1}, ">=", -b.t(k.attention_fwd), "P7 cp exposed")
-    # cp_b = 2 cp_f (1 + rp / 2) = (2 + rp) cp_f; tp_b = tp_b0 + tp_rp tp_f. Rows with tp_rp are multiplied by its
+    # cp_b = 2 cp_f (1 + rp / 2) = (2 + rp) cp_f; tp_b = tp_b0 + tp_rp tp_f. The row with tp_rp is multiplied by its
     # denominator d (tp_rp is a multiple of 1/2): CP-SAT takes integer coefficients on time variables.
     tp_rp = Fraction(tp_rp).limit_denominator(2)
     d = tp_rp.denominator
-    prog.add({z3_f: 1, ag: -1, tp_f: 1, cp_f: 1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
+    prog.add({fwd: 1, tp_f: -1, cp_f: -1}, ">=", 0, "P7 forward exposed")
+    if not k.sync_once_per_step:  # (C12) else the forward gather is once per step (P9'')
+        prog.add({fwd: 1, ag: -1}, ">=", -b.t(k.f_compute), "P7 zero3 exposed")
     ag_b = -1 if k.backward_gathers else 0  # (C12) no backward gather without resharding after the forward
-    once = k.sync_once_per_step  # (C12) the forward gather and the reduce leave the micro-batch (P9'')
-    rs_b = 0 if once else -1
+    rs_b = 0 if k.sync_once_per_step else -1  # (C12) the reduce leaves the micro-batch (P9'')
+    tp_cp_b = {bwd: d, tp_b0: -d, tp_f: -int(tp_rp * d), cp_f: -(2 + rp) * d}  # d (bwd - tp_b - cp_b)
     if k.backward_gathers_exposed:  # (C12) FSDP1's "post" prefetch: the backward waits for both
-        prog.add({z3_b: 1, ag: ag_b, rs: rs_b}, ">=", 0, "P7 zero3 exposed")
+        prog.add({**tp_cp_b, ag: ag_b * d, rs: rs_b * d}, ">=", 0, "P7 zero3 exposed")
     else:
-        prog.add({z3_b: d, ag: ag_b * d, rs: rs_b * d, tp_b0: d, tp_f: int(tp_rp * d), cp_f: (2 + rp) * d}, ">=",
-                 -d * b.t(k.b_compute), "P7 zero3 exposed")
+        prog.add(tp_cp_b, ">=", 0, "P7 backward exposed")
+        prog.add({bwd: 1, ag: ag_b, rs: rs_b}, ">=", -b.t(k.b_compute), "P7 zero3 exposed")
     u = prog.var(f"u{tag}[{i}]")
-    moe_terms = {experts: -k.ep_passes * d} if experts is not None else {}  # forward + backward + recomputes
+    moe_terms = {experts: -k.ep_passes} if experts is not None else {}  # forward + backward + recomputes
     if experts is not None and k.ep_overlap:  # (E10) X >= passes M - (f + b), den X >= num passes M
         x = prog.var(f"epx{tag}[{i}]")
         num, den = cost.dp_overlap_exposed()
         prog.add({x: 1, experts: -k.ep_passes}, ">=", -b.t(k.f_compute + k.b_compute), "P7 ep overlap exposed")
         prog.add({x: den, experts: -num * k.ep_passes}, ">=", 0, "P7 ep overlap share")
-        moe_terms = {x: -d}
-    prog.add({u: d, tp_f: -int((1 + tp_rp) * d), tp_b0: -d, cp_f: -(3 + rp) * d, z3_f: 0 if once else -d, z3_b: -d,
-              **moe_terms},
-             "==", d * b.t(k.f_compute + k.b_compute), "P7 per-layer time")
+        moe_terms = {x: -1}
+    prog.add({u: 1, fwd: -1, bwd: -1, **moe_terms}, "==", b.t(k.f_compute + k.b_compute), "P7 per-layer time")
     return u
 
 

@@ -5,9 +5,10 @@ largest integer (at most 10^6, i.e. picoseconds) that keeps the largest time con
 1e9 integer units, and every time constant is rounded to the nearest unit. Larger
 magnitudes overflow CP-SAT's presolve (it multiplies coefficients when it substitutes equalities and then
 reports a feasible model infeasible: seen at 1e10). Rounding moves each constraint by half a unit, about
-1e-9 of the largest constant; the objective therefore matches the exact program to about 1e-7 relative,
-and the plan's reported time is the evaluator's anyway. Count and capacity coefficients are integers
-already.
+1e-9 of the largest constant (an equation's right-hand side goes to the nearest multiple of its coefficients'
+common divisor, which it must be to have a solution); the objective therefore matches the exact program to about
+1e-7 relative, and the plan's reported time is the evaluator's anyway. Count and capacity coefficients are
+integers already.
 """
 
 from __future__ import annotations
@@ -121,12 +122,10 @@ def _set_parameters(parameters, time_limit_s: float | None, threads: int, seed: 
     parameters.relative_gap_limit = RELATIVE_GAP
     parameters.max_memory_in_mb = memory_limit_mb()
     parameters.linearization_level = 2  # the program is LP-shaped: full linearization closes it fast
-    # probing at level 1 (CP-SAT's default: 2). Probing and the linearization level can each set off integer
-    # propagation in a loop of tiny steps next to the time variables' domains, which checks neither the time nor the
-    # memory limit: six 4-GPU programs of 100-215 rows stalled one setting or another (55-160 s, 10-20 GB each); at
-    # this setting five close in 0.3-0.5 s (test_schedules_exact seed 7, test_exact seeds 2 and 22, two of
-    # test_v_schedules seed 3) and one ZBV program of test_v_schedules seed 3 still stalls (no probing with
-    # linearization 1 cures it but stalls test_exact seed 22 at 20 GB); docs/programs.md
+    # probing at level 1 (CP-SAT's default: 2), the faster of the two on the test generators' 4-GPU programs. Before
+    # (P7) lost its free direction (a ZeRO-3 exposure row with two rising time variables), CP-SAT's propagation walked
+    # it a unit at a time on some ZeRO-3 programs under every setting tried (30 s to minutes, gigabytes, no limit
+    # checked); without it each of them closes in well under a second at either level (docs/programs.md, Backends)
     parameters.cp_model_probing_level = 1
 
 
@@ -156,8 +155,12 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, wa
 
     for terms, sense, rhs, _ in program.rows:
         time_row = any(cont[i] for i in terms)
-        expr = sum(coefficient(i, c, time_row) * xs[i] for i, c in terms.items())
+        coefficients = {i: coefficient(i, c, time_row) for i, c in terms.items()}
+        expr = sum(c * xs[i] for i, c in coefficients.items())
         r = int(round(rhs * scale)) if time_row else int(round(rhs))
+        if sense == "==" and time_row:  # coefficients with a common divisor g meet only a multiple of g: the nearest
+            g = math.gcd(*coefficients.values())  # (2 u - 2 f - 2 b = an odd number of units has no solution)
+            r = g * round(rhs * scale / g)
         model.Add(expr >= r) if sense == ">=" else model.Add(expr <= r) if sense == "<=" else model.Add(expr == r)
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in program.objective.items()))
     solver = cp_model.CpSolver()
