@@ -19,7 +19,8 @@ from conftest import ALL_BACKENDS, build_instance, small_instance_dict
 from test_bounds import splits
 
 from formulation import evaluate
-from formulation.evaluate import group_comm, stage_estimate, stage_links
+from formulation.evaluate import stage_estimate
+from formulation.stage_links import group_comm, stage_links
 from formulation.physics import cost, layer_kinds, moe_cost
 from formulation.physics.layer_kinds import LayerMix
 from formulation.physics.stage import stage_constants

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, seeds_by_backend
 
 from formulation import default_placement, evaluate, instance_from_dict
-from formulation.evaluate import stage_links
+from formulation.stage_links import stage_links
 from formulation.physics import cost, sharding
 from test_sharding_exact import programs_equal_the_evaluator, search_equals_brute_force, sharded_instance
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 from formulation import default_placement, evaluate, instance_from_dict, load_instance
 from formulation.errors import InputError
-from formulation.evaluate import stage_links
+from formulation.stage_links import stage_links
 from formulation.physics import cost
 from formulation.physics.stage import layer_time, stage_constants
 from formulation.physics.memory import GIB, memory_coefficients

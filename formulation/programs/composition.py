@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from formulation.physics import cost, layer_kinds
 from formulation.physics.memory import stage_memory
-from formulation.evaluate import stage_estimate, stage_links
+from formulation.evaluate import stage_estimate
+from formulation.stage_links import stage_links
 from formulation.programs.islands import Island, island_slots, stages_per_node
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program

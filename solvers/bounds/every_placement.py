@@ -62,7 +62,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from formulation.evaluate import type_pace
+from formulation.stage_links import type_pace
 from formulation.physics import cost, moe_cost
 from formulation.physics.stage import stage_constants
 from formulation.placement import even_split

@@ -30,8 +30,8 @@ import numpy as np
 
 from formulation.physics import cost, layer_kinds
 from formulation.physics.moe_cost import is_moe
-from formulation.evaluate import (compose_iteration, group_comm, links_from_groups, pipeline_message, pipeline_send,
-                                  stage_estimate)
+from formulation.evaluate import compose_iteration, stage_estimate
+from formulation.stage_links import group_comm, links_from_groups, pipeline_message, pipeline_send
 from formulation.physics.stage import dp_sync_parts
 from formulation.space import placement_for
 

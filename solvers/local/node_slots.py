@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from formulation.evaluate import evaluate, pipeline_message, pipeline_send, stage_estimate, stage_links
+from formulation.evaluate import evaluate, stage_estimate
+from formulation.stage_links import pipeline_message, pipeline_send, stage_links
 from formulation.physics import cost, moe_cost
 from formulation.physics.v_schedules import V_FAMILIES
 from formulation.space import placement_for

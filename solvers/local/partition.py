@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from formulation.evaluate import evaluate, stage_estimate, stage_links
+from formulation.evaluate import evaluate, stage_estimate
+from formulation.stage_links import stage_links
 from formulation.physics import layer_kinds, v_schedules
 from formulation.placement import Placement
 from formulation.programs.layer_mix import mix_partition

@@ -23,7 +23,8 @@ from functools import partial
 
 from formulation.programs.composition import Composition, build_composition, island_tables, role, tabulate_stages
 from formulation.errors import InfeasibleError
-from formulation.evaluate import evaluate, stage_links
+from formulation.evaluate import evaluate
+from formulation.stage_links import stage_links
 from formulation.programs.islands import Island, find_islands, island_slots
 from formulation.physics.memory import memory_coefficients
 from formulation.physics import cost, layer_kinds
