@@ -240,6 +240,19 @@ def test_megatron_reads_the_distributed_optimizer_instances(h100):
     args, _, _ = megatron_arguments(h100, z2)
     ns = megatron_lm_namespace([str(x) for flag, value in args for x in ((flag,) if value is None else (flag, value))])
     assert ns.use_megatron_fsdp and ns.data_parallel_sharding_strategy == "optim_grads"
+    assert ns.num_distributed_optimizer_instances == 1  # plain Megatron-FSDP without replicas
+
+
+@pytest.mark.parametrize("zero, strategy", [(2, "optim_grads"), (3, "optim_grads_params")])
+def test_megatron_fsdp_replicas_run_hybrid(h100, zero, strategy):
+    """Megatron-FSDP with replicas (priced as shard groups plus one replica all-reduce a step, (C12)) is hybrid
+    FSDP only with --num-distributed-optimizer-instances > 1 (mcore_fsdp_adapter: enable_hsdp); without it Megatron
+    would shard over every dp rank."""
+    p = dataclasses.replace(default_placement(h100, tp=2, pp=2, zero_stage=zero, micro_batch_size=1), dp_replicate=4)
+    args, _, _ = megatron_arguments(h100, p)
+    ns = megatron_lm_namespace([str(x) for flag, value in args for x in ((flag,) if value is None else (flag, value))])
+    assert ns.use_megatron_fsdp and ns.data_parallel_sharding_strategy == strategy
+    assert ns.num_distributed_optimizer_instances == 4 and ns.outer_dp_sharding_strategy == "no_shard"
 
 
 @pytest.mark.parametrize("zero, r, keep, expected", [(3, 1, True, "FULL_SHARD"), (3, 1, False, "SHARD_GRAD_OP"),

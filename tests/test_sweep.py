@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from conftest import REPO, small_instance_dict, write_instance
+from solvers.sweep import cells as sweep_cells
 from solvers.sweep import run as sweep_run
 from solvers.sweep.cells import cells, load_sweep
 from solvers.sweep.tables import pareto_front
@@ -67,6 +68,19 @@ def test_a_resumed_sweep_recomputes_nothing(tmp_path, monkeypatch):
         raise AssertionError("a cached cell was planned again")
     monkeypatch.setattr(sweep_run, "run_cell", refuse)
     assert _table(sweep_run.run_sweep(sweep, tmp_path / "out", workers=1)) == _table(first)
+
+
+def test_a_model_change_plans_the_cells_again(tmp_path, monkeypatch):
+    """The cache is keyed by the model too (cells.model_fingerprint: the formulation package's code and data), so
+    a sweep resumed after a refit or a cost-model change does not reuse cells priced by the old model."""
+    sweep = load_sweep(_sweep_file(tmp_path))
+    sweep_run.run_sweep(sweep, tmp_path / "out", workers=1)
+    planned = []
+    real_run_cell = sweep_run.run_cell
+    monkeypatch.setattr(sweep_run, "run_cell", lambda *a: planned.append(1) or real_run_cell(*a))
+    monkeypatch.setattr(sweep_cells, "model_fingerprint", lambda: "another model")
+    sweep_run.run_sweep(sweep, tmp_path / "out", workers=1)
+    assert planned and len(planned) == len(cells(sweep))
 
 
 def test_the_process_pool_gives_the_same_table_as_one_process(tmp_path):

@@ -23,7 +23,7 @@ from formulation.programs.exact_experts import (expert_dp_groups, expert_layer_c
                                                  expert_sync_time, symmetry_breaking)
 from formulation.programs.exact_groups import cp_time, group_time, group_variables, sync_time
 from formulation.programs.exact_schedule import v_objective, zero_bubble_objective
-from formulation.programs.exact_step import once_per_step_sync
+from formulation.programs.exact_step import once_per_step_sync, with_step_sync
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
@@ -74,7 +74,7 @@ def build_program(instance, config: Config) -> Program:
     _partition_and_memory(b)
     stage_time = [_stage_time(b, i) for i in range(config.pp)]
     dp_exposed = [_dp_sync(b, i) for i in range(config.pp)]
-    dp_exposed = [e if e is not None else b.step_sync.get(i) for i, e in enumerate(dp_exposed)]
+    dp_exposed = [with_step_sync(b.prog, i, e, b.step_sync.get(i)) for i, e in enumerate(dp_exposed)]
     chain = _p2p_chain(b)
     _objective(b, stage_time, dp_exposed, chain)
     symmetry_breaking(b)

@@ -25,3 +25,14 @@ def once_per_step_sync(b, i: int, k, ag: int, reduce: int, s_max: float) -> int:
             n = getattr(q, "total", q)
             prog.add({exposed: 1, s: -n, lam: -n * s_max}, ">=", -n * s_max, "P9'' once-per-step sync McCormick")
     return exposed
+
+
+def with_step_sync(prog, i: int, dp: int | None, step: int | None) -> int | None:
+    """(P9) and (P9'') of stage i together, as the evaluator adds them (its dp sync + l_i x LayerTime.step): today
+    a stage has one or the other (the once-per-step sync is torchtitan's zero 3, which has no (P9) part); should
+    both ever meet, E_i >= E_dp + E_step."""
+    if dp is None or step is None:
+        return step if dp is None else dp
+    both = prog.var(f"EB[{i}]")
+    prog.add({both: 1, dp: -1, step: -1}, ">=", 0, "P9 + P9'' exposed sync")
+    return both

@@ -159,7 +159,8 @@ def _solve_here(program, time_limit_s: float | None, threads: int, seed: int, wa
         expr = sum(c * xs[i] for i, c in coefficients.items())
         r = int(round(rhs * scale)) if time_row else int(round(rhs))
         if sense == "==" and time_row:  # coefficients with a common divisor g meet only a multiple of g: the nearest
-            g = math.gcd(*coefficients.values())  # (2 u - 2 f - 2 b = an odd number of units has no solution)
+            g = math.gcd(*coefficients.values()) or 1  # (2 u - 2 f - 2 b = an odd number of units has no
+            # solution); rounding to the nearest multiple moves the row by at most g / 2 units, never cuts a solution
             r = g * round(rhs * scale / g)
         model.Add(expr >= r) if sense == ">=" else model.Add(expr <= r) if sense == "<=" else model.Add(expr == r)
     model.Minimize(sum(int(round(c)) * xs[i] for i, c in program.objective.items()))

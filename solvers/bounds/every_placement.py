@@ -79,7 +79,7 @@ INF = float("inf")
 
 def _stage_floors(instance, p, world: int, of_type: dict, *also: dict) -> list:
     """The speed-order grouping's stages, each at `of_type`'s least figure over the GPU types no faster than its
-    slowest member's (a stage runs at its slowest member's type, by evaluate._slowest_type's key; a figure need
+    slowest member's (a stage runs at its slowest member's type, by stage_links.slowest_type's key; a figure need
     not follow that key, hence the least over the slower types): sorted, as the module docstring compares them.
     With `also` (more figures per type), tuples: each stage's figure of `of_type` and of each of `also`, sorted
     by the first; a figure that is a tuple (memory caps per position) is the most over the slower types."""
@@ -98,7 +98,7 @@ def _stage_floors(instance, p, world: int, of_type: dict, *also: dict) -> list:
 
 def grouping_types(instance, p, world: int) -> tuple[list[str], dict[str, list[str]]]:
     """The GPU type of each stage's slowest member when the world's fastest GPUs are taken in stages in speed
-    order (evaluate._slowest_type's key), and per type the types no faster than it (itself included)."""
+    order (stage_links.slowest_type's key), and per type the types no faster than it (itself included)."""
     cluster, model, job = instance.cluster, instance.model, instance.training
     key = {name: type_pace(model, job, p, g) for name, g in cluster.gpu_types.items()}
     fastest = sorted((key[n.gpu_type], n.gpu_type) for n in cluster.nodes for _ in range(n.num_gpus))[:world]

@@ -166,7 +166,7 @@ def megatron_arguments(instance, p: Placement) -> tuple[list[tuple[str, object]]
 
 def sharding_arguments(p: Placement) -> tuple[list[tuple[str, object]], list[str], dict]:
     """The data-parallel sharding (formulation/physics/sharding.py) as Megatron-LM arguments: the distributed
-    optimizer (zero 1, with its instances for replicas) or Megatron-FSDP (zero 2 and 3)."""
+    optimizer (zero 1, with its instances for replicas) or Megatron-FSDP (zero 2 and 3; hybrid with replicas)."""
     args: list[tuple[str, object]] = []
     notes: list[str] = []
     env: dict[str, str | None] = {}
@@ -179,6 +179,10 @@ def sharding_arguments(p: Placement) -> tuple[list[tuple[str, object]], list[str
         args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
                  ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None),
                  ("--ckpt-format", "fsdp_dtensor")]
+        if p.dp_replicate > 1:  # hybrid FSDP: megatron_fsdp enables it from the instances (enable_hsdp =
+            # num_distributed_optimizer_instances > 1, mcore_fsdp_adapter.py), the outer group replicated as priced
+            args += [("--num-distributed-optimizer-instances", p.dp_replicate),
+                     ("--outer-dp-sharding-strategy", "no_shard")]
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = None  # FSDP overlaps better with more than one connection
         notes.append(f"zero_stage {p.zero_stage} runs on Megatron-LM's FSDP (--use-megatron-fsdp, sharding strategy "
                      f"{strategy}); PyTorch FSDP2 (--use-torch-fsdp2) is the alternative only with pp=1 and "

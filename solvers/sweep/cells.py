@@ -21,6 +21,7 @@ Sweep file (YAML or JSON), paths relative to it:
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import formulation
 from formulation import InfeasibleError, InputError, instance_from_dict
 from formulation.errors import Section
 from formulation.inputs.instance import read_document
@@ -42,6 +44,20 @@ AXES = ("model", "gpu_type", "nodes", "global_batch_size", "seq_length", "object
 NODE_SPECIFIC = ("nodes", "node_pairs", "node_matrix_gb_per_s", "gpu_matrix_gb_per_s", "gpu_pairs", "leaf_groups",
                  "nccl_tests", "sendrecv_logs", "nvidia_smi_topo")
 CACHE_VERSION = 2  # bump when a cell's result format changes, so old cache entries are not reused
+
+
+@functools.cache
+def model_fingerprint() -> str:
+    """A digest of the model a cell was planned with: the formulation package's code and data (cost and memory
+    models, calibration, catalog), so that a resumed sweep re-plans its cells after a model change or a refit
+    instead of reusing results priced by the old model."""
+    root = Path(formulation.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".json", ".csv", ".yaml"):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -67,7 +83,8 @@ class Cell:
 
     @property
     def key(self) -> str:
-        text = json.dumps([CACHE_VERSION, self.document, self.time_limit_s, self.seed, self.objective],
+        text = json.dumps([CACHE_VERSION, model_fingerprint(), self.document, self.time_limit_s, self.seed,
+                           self.objective],
                           sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
