@@ -265,7 +265,7 @@ EAGER_ROTARY_UNITS = {"complex": 10.0, "rotation_matrix": 18.0}
 
 def rotary_units(job) -> float:
     """16-bit passes per Q/K element of the eager rotary embedding of the job's model code."""
-    return EAGER_ROTARY_UNITS[getattr(job, "rotary_impl", "complex")]
+    return EAGER_ROTARY_UNITS[job.rotary_impl]
 
 
 def activation_units(model, job) -> float:

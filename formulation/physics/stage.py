@@ -242,7 +242,7 @@ def dp_sync_parts(instance, p, k: StageConstants, layers: int) -> list[tuple[str
     replicas = [("all_reduce", 0.0, job.overlap_grad_reduce, k.window_b(layers))] \
         if sharding.replica_reduce_once_per_step(job, p) else []
     if p.dp * p.cp == 1 or p.zero_stage >= 3:
-        return replicas if p.dp * p.cp > 1 else []
+        return replicas  # empty without replicas (and so with dp x cp = 1)
     w_bytes, g_bytes = job.bytes_per_param_state[0], job.grad_reduce_bytes
     params = k.stage_params(layers)
     if p.zero_stage == 0:

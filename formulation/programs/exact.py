@@ -27,7 +27,7 @@ from formulation.programs.exact_step import once_per_step_sync, with_step_sync
 from formulation.programs.layer_mix import mix_partition
 from formulation.programs.mip import Program
 from formulation.placement import Placement
-from formulation.space import Config
+from formulation.space import Config, node_gpu_types
 from formulation.physics.stage import (dp_sync_parts, expert_dp_messages, expert_only_parts, layer_time,
                                        mixed_constants, stage_constants)
 
@@ -66,7 +66,7 @@ class _Builder:
 def build_program(instance, config: Config) -> Program:
     """(P1)-(P15) for one configuration; raises ValueError if no partition fits in memory."""
     b = _Builder(instance, config)
-    gpu_types = {b.cluster.nodes[n].gpu_type for n in range(len(b.cluster.nodes))}
+    gpu_types = node_gpu_types(b.cluster)
     if len(gpu_types) != 1:
         raise ValueError("the exact program handles one GPU type per cluster (mixed clusters are composed from islands: solvers/search/mixed.py)")
     b.gpu_type = b.cluster.gpu_types[gpu_types.pop()]

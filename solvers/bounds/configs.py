@@ -363,12 +363,14 @@ def _dp_crossing_cases(instance, config: Config, ctx: _CutContext) -> dict[str, 
     split_tp = config.tp > 1 and config.tp <= b.per_node_cap
     tp_split = _tp_time(instance, b, b.inter) if split_tp else b.tp
 
+    # a layer's parameters, as stage_parts takes them (once per call, not per crossing case)
+    params = stage_constants(instance, b.placement, 0, b.gpu_type).layer_params if config.zero_stage >= 2 else 0.0
+
     def per_layer(group: str, cap: int) -> tuple[float, float]:
         """Per-layer gathers and reduces of zero 2 and 3 (C12) with `group` across the cut, `cap` of it a node."""
         if config.zero_stage < 2:
             return b.ag, b.rs
         caps = (cap, b.per_node_cap) if group == "shard" else (b.per_node_cap, cap)
-        params = stage_constants(instance, b.placement, 0, b.gpu_type).layer_params  # as stage_parts takes it
         return shard_layer_floor(instance, b.placement, params, (b.intra, b.inter, b.max_nodes, b.span), *caps,
                                  crossing=(group, cut))
 
